@@ -1,0 +1,154 @@
+//! `LockRuntimeBuilder`: choose a store, set names and defaults, connect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_TTL, check_name, check_ttl, default_owner, redact_url,
+};
+use crate::store::{Backend, RedisBackend, RedisOptions};
+use crate::{LockError, LockRuntime, MemoryStore};
+
+/// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
+///
+/// # Default
+/// namespace `"lock"`; default_ttl 30 s; owner `hostname:pid`; connect_timeout 5 s;
+/// command_timeout 5 s. There is no default store: a forgotten `.redis(..)` must not silently
+/// turn into a per-process memory store that excludes nothing across instances.
+#[derive(Default)]
+pub struct LockRuntimeBuilder {
+    store: Option<StoreChoice>,
+    second_store: Option<&'static str>,
+    namespace: Option<String>,
+    default_ttl: Option<Duration>,
+    owner: Option<String>,
+    connect_timeout: Option<Duration>,
+    command_timeout: Option<Duration>,
+}
+
+enum StoreChoice {
+    Redis(String),
+    Memory(MemoryStore),
+}
+
+impl StoreChoice {
+    fn name(&self) -> &'static str {
+        match self {
+            StoreChoice::Redis(_) => "redis",
+            StoreChoice::Memory(_) => "memory",
+        }
+    }
+}
+
+impl std::fmt::Debug for LockRuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let store = match &self.store {
+            Some(StoreChoice::Redis(url)) => format!("redis({})", redact_url(url)),
+            Some(StoreChoice::Memory(_)) => "memory".to_owned(),
+            None => "none".to_owned(),
+        };
+        f.debug_struct("LockRuntimeBuilder")
+            .field("store", &store)
+            .field("namespace", &self.namespace)
+            .field("default_ttl", &self.default_ttl)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockRuntimeBuilder {
+    fn set_store(mut self, choice: StoreChoice) -> Self {
+        if self.store.is_some() {
+            self.second_store = Some(choice.name());
+        }
+        self.store = Some(choice);
+        self
+    }
+
+    /// Lock in one Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://` for
+    /// TLS. The password never appears in errors or logs.
+    pub fn redis(self, url: impl Into<String>) -> Self {
+        self.set_store(StoreChoice::Redis(url.into()))
+    }
+
+    /// Lock in an in-process [`MemoryStore`]; runtimes built on clones of one store compete
+    /// with each other. For demos and tests.
+    pub fn memory(self, store: MemoryStore) -> Self {
+        self.set_store(StoreChoice::Memory(store))
+    }
+
+    /// The prefix of every store key (default `"lock"`): records are `<namespace>:{<key>}`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The ttl of requests and attributes that give none (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = Some(ttl);
+        self
+    }
+
+    /// The owner written into lock records, shown by `inspect` (default `hostname:pid`).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// How long `build()` may take to reach the store (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long one store command may take before it counts as failed (default 5 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = Some(timeout);
+        self
+    }
+
+    /// Checks the configuration, connects to the store, verifies it answers and loads the
+    /// lock scripts. Fails fast with a clear [`LockError`]; it never retries for longer than
+    /// the connect timeout.
+    pub async fn build(self) -> Result<LockRuntime, LockError> {
+        if let (Some(first), Some(second)) = (&self.store, self.second_store) {
+            return Err(LockError::config(format!(
+                "two stores were configured ({second} and {}); choose one",
+                first.name()
+            )));
+        }
+        let namespace = self.namespace.unwrap_or_else(|| "lock".to_owned());
+        check_name("namespace", &namespace)?;
+        let default_ttl = self.default_ttl.unwrap_or(DEFAULT_TTL);
+        check_ttl("default_ttl", default_ttl)?;
+        let owner = self.owner.unwrap_or_else(default_owner);
+        check_name("owner", &owner)?;
+        let connect_timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        check_ttl("connect_timeout", connect_timeout)?;
+        let command_timeout = self.command_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        check_ttl("command_timeout", command_timeout)?;
+        let backend = match self.store {
+            None => {
+                return Err(LockError::config(
+                    "no store configured: call .redis(url) or .memory(MemoryStore::new()) on the builder",
+                ));
+            }
+            Some(StoreChoice::Memory(store)) => Backend::Memory(store),
+            Some(StoreChoice::Redis(url)) => Backend::Redis(
+                RedisBackend::connect(RedisOptions {
+                    url,
+                    connect_timeout,
+                    command_timeout,
+                })
+                .await?,
+            ),
+        };
+        Ok(LockRuntime::from_parts(
+            Arc::new(backend),
+            namespace,
+            default_ttl,
+            owner,
+            command_timeout,
+        ))
+    }
+}

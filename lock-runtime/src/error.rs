@@ -1,0 +1,129 @@
+//! The one error type of the crate.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong when configuring the runtime or taking a lock.
+///
+/// Marked `#[non_exhaustive]`: match the variants you act on and keep a `_` arm.
+///
+/// No variant ever carries a password: URLs are shown with their credentials replaced by `***`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// A locked operation ran with no runtime: call `LockRuntime::install` at startup, or run
+    /// the call inside `LockRuntime::scope`.
+    #[error(
+        "no lock runtime is configured: call LockRuntime::builder()...build().await?.install() at \
+         startup, or run the call inside LockRuntime::scope"
+    )]
+    NotConfigured,
+
+    /// `LockRuntime::install` was called a second time in this process.
+    #[error("a lock runtime is already installed in this process; install() may be called once")]
+    AlreadyConfigured,
+
+    /// The lock is held by someone else and the caller chose not to wait.
+    #[error("lock `{key}` is held by another owner")]
+    Contended {
+        /// The lock key as the caller gave it (without namespace).
+        key: String,
+    },
+
+    /// Waiting for the lock took longer than the caller allowed.
+    #[error("gave up waiting for lock `{key}` after {waited:?}")]
+    WaitTimeout {
+        /// The lock key as the caller gave it.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The lease ended while the caller still relied on it: it expired before a renewal
+    /// succeeded, or the record now belongs to someone else.
+    #[error("lost lock `{key}`: the lease expired or was taken over before the work finished")]
+    Lost {
+        /// The lock key as the caller gave it.
+        key: String,
+    },
+
+    /// The store failed: connection refused, timeout, authentication, a script error, a foreign
+    /// value at a lock key, an out-of-memory server.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+
+    /// Bad input: an empty or oversized key, a zero ttl, an unparsable URL, `min_hold > ttl`.
+    #[error("invalid lock configuration: {0}")]
+    Config(String),
+
+    /// The runtime was shut down with `LockRuntime::shutdown`; it takes no new locks.
+    #[error("the lock runtime has been shut down")]
+    Shutdown,
+}
+
+impl LockError {
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        LockError::Config(message.into())
+    }
+}
+
+/// A failure of the lock store, with credentials already removed from its text.
+///
+/// `Display` says what failed; [`std::error::Error::source`] gives the driver's error when it is
+/// known not to contain a secret.
+pub struct BackendError {
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl BackendError {
+    /// A store error with a message and no underlying cause.
+    pub(crate) fn msg(message: impl Into<String>) -> Self {
+        BackendError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Wraps a Redis driver error. every `secrets` text is scrubbed from the text, and the
+    /// driver error is kept as the source only if it does not contain one.
+    pub(crate) fn redis(context: &str, err: redis::RedisError, secrets: &[String]) -> Self {
+        let mut text = err.to_string();
+        let leaks = secrets.iter().any(|s| !s.is_empty() && text.contains(s.as_str()));
+        for s in secrets.iter().filter(|s| !s.is_empty()) {
+            text = text.replace(s.as_str(), "***");
+        }
+        BackendError {
+            message: format!("{context}: {text}"),
+            source: if leaks { None } else { Some(Box::new(err)) },
+        }
+    }
+
+    /// The message, as `Display` prints it.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The driver error is left out on purpose: Debug output ends up in logs.
+        f.debug_struct("BackendError")
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -1,0 +1,168 @@
+//! The guard that owns a held lock and gives it back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{check_ttl, drift};
+use crate::runtime::RuntimeInner;
+use crate::store::{ExtendItem, ReleaseOutcome};
+use crate::watchdog::{Command, ReleaseJob};
+use crate::{Lease, LockError};
+
+/// Proof that this runtime holds a lock. The lock is released when the guard is released or
+/// dropped.
+///
+/// - [`LockGuard::release`] gives the lock back and says whether it was still ours.
+/// - Dropping the guard (end of scope, a panic unwinding through it, a cancelled future that
+///   owned it) hands the release to the runtime's background driver: it never blocks the
+///   dropping thread, and the lock is free within a round trip, not after its ttl.
+///
+/// While the guard lives, the runtime's watchdog renews the lease at a third of its ttl
+/// (unless the request turned the watchdog off).
+#[must_use = "the lock is released as soon as the guard is dropped; bind it to a variable: `let _guard = ...`"]
+pub struct LockGuard {
+    lease: Lease,
+    runtime: Arc<RuntimeInner>,
+    done_retention: Option<Duration>,
+    armed: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(lease: Lease, runtime: Arc<RuntimeInner>, done_retention: Option<Duration>) -> Self {
+        LockGuard {
+            lease,
+            runtime,
+            done_retention,
+            armed: true,
+        }
+    }
+
+    /// The lease this guard holds.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Makes the lease last at least `ttl` from now. Returns `Ok(false)` when the lock is no
+    /// longer ours (expired or taken over), in which case the lease is marked lost. A lease is
+    /// never shortened by this call.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if dropped, the extension may or may not have been applied.
+    pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
+        check_ttl("extend ttl", ttl)?;
+        let state = &self.lease.state;
+        if state.is_lost() {
+            return Ok(false);
+        }
+        let sent = Instant::now();
+        let renewed = self
+            .runtime
+            .backend
+            .extend(&[ExtendItem {
+                record: state.names.record.clone(),
+                token: state.token.clone(),
+                ttl,
+            }])
+            .await?;
+        if renewed.first().copied().unwrap_or(false) {
+            state.extend_validity(sent + ttl - drift(ttl).min(ttl));
+            tracing::debug!(key = %state.names.key, fence = state.fence, ?ttl, "lease extended");
+            Ok(true)
+        } else {
+            if state.mark_lost() {
+                tracing::warn!(key = %state.names.key, fence = state.fence, "lock lost: extend found another owner");
+            }
+            Ok(false)
+        }
+    }
+
+    /// Gives the lock back now. `Ok(true)`: it was ours and is released (or, with `min_hold`,
+    /// will expire when min_hold has passed). `Ok(false)`: it was no longer ours, nothing was
+    /// touched. An `Err` means the store could not be reached; the lease then expires by its
+    /// ttl, since the watchdog no longer renews it.
+    ///
+    /// # Cancel safety
+    /// If the returned future is dropped before it completes, the release still happens in the
+    /// background.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.armed = false;
+        let state = self.lease.state.clone();
+        state.mark_ended();
+        self.runtime.watchdog.send(Command::Forget(state.id));
+        // If this future is dropped mid-way, the pending release below still runs.
+        let mut pending = PendingRelease {
+            runtime: Some(self.runtime.clone()),
+            job: Some(ReleaseJob {
+                names: state.names.clone(),
+                token: state.token.clone(),
+                done_retention: self.done_retention,
+                lease_id: None,
+            }),
+        };
+        let outcome = self
+            .runtime
+            .backend
+            .release(&state.names, &state.token, self.done_retention)
+            .await;
+        pending.disarm();
+        let outcome = outcome?;
+        match outcome {
+            ReleaseOutcome::NotOwner => {
+                tracing::debug!(key = %state.names.key, fence = state.fence, "release: the lock was no longer ours");
+            }
+            _ => {
+                tracing::debug!(key = %state.names.key, fence = state.fence, ?outcome, "lock released");
+            }
+        }
+        Ok(outcome != ReleaseOutcome::NotOwner)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let state = &self.lease.state;
+        state.mark_ended();
+        let sent = self.runtime.watchdog.send(Command::Release(ReleaseJob {
+            names: state.names.clone(),
+            token: state.token.clone(),
+            done_retention: self.done_retention,
+            lease_id: Some(state.id),
+        }));
+        if !sent {
+            tracing::warn!(key = %state.names.key, "lock runtime stopped; the lease will expire by its ttl");
+        }
+    }
+}
+
+/// Hands a release to the background driver if the future doing it is dropped first.
+pub(crate) struct PendingRelease {
+    pub(crate) runtime: Option<Arc<RuntimeInner>>,
+    pub(crate) job: Option<ReleaseJob>,
+}
+
+impl PendingRelease {
+    pub(crate) fn disarm(&mut self) {
+        self.job = None;
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        if let (Some(runtime), Some(job)) = (self.runtime.take(), self.job.take()) {
+            runtime.watchdog.send(Command::Release(job));
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! What a holder knows about its lock: key, token, fence, and whether it is still valid.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::KeyNames;
+
+/// A held lease, cheap to clone and share with the code doing the locked work.
+///
+/// The lease is *valid* from the instant the acquire was sent for `ttl` minus a drift margin
+/// (ttl * 1% + 2 ms), and each successful renewal moves that end forward. Once the end passes
+/// without a renewal, or a renewal finds another owner's token, the lease is *lost*: `is_lost`
+/// turns true and `lost()` resolves. A lease its holder released is not lost; `lost()` then
+/// never resolves.
+///
+/// Pass [`Lease::fence`] to the storage the locked work writes: it is the only protection
+/// against a holder that was paused past its lease.
+#[derive(Clone)]
+pub struct Lease {
+    pub(crate) state: Arc<LeaseState>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a bearer secret for this lock; keep it out of logs.
+        f.debug_struct("Lease")
+            .field("key", &self.key())
+            .field("fence", &self.fence())
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct LeaseState {
+    pub(crate) id: u64,
+    pub(crate) runtime_id: u64,
+    pub(crate) names: KeyNames,
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold_until: Option<Instant>,
+    valid_until: Mutex<Instant>,
+    lost: AtomicBool,
+    /// Set once the holder released (or began releasing) the lease.
+    ended: AtomicBool,
+    lost_notify: Notify,
+}
+
+pub(crate) struct LeaseParams {
+    pub(crate) id: u64,
+    pub(crate) runtime_id: u64,
+    pub(crate) names: KeyNames,
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold_until: Option<Instant>,
+    pub(crate) valid_until: Instant,
+}
+
+impl LeaseState {
+    pub(crate) fn new(p: LeaseParams) -> Self {
+        LeaseState {
+            id: p.id,
+            runtime_id: p.runtime_id,
+            names: p.names,
+            token: p.token,
+            fence: p.fence,
+            ttl: p.ttl,
+            watchdog: p.watchdog,
+            max_hold_until: p.max_hold_until,
+            valid_until: Mutex::new(p.valid_until),
+            lost: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+        }
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves the end of validity forward (never back).
+    pub(crate) fn extend_validity(&self, until: Instant) {
+        let mut v = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if until > *v {
+            *v = until;
+        }
+    }
+
+    /// Marks the lease lost and wakes `lost()` waiters; true the first time.
+    pub(crate) fn mark_lost(&self) -> bool {
+        if self.ended.load(Ordering::Acquire) {
+            return false;
+        }
+        let first = !self.lost.swap(true, Ordering::AcqRel);
+        if first {
+            self.lost_notify.notify_waiters();
+        }
+        first
+    }
+
+    pub(crate) fn mark_ended(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        !self.is_ended() && Instant::now() >= self.valid_until()
+    }
+}
+
+impl Lease {
+    /// The lock key, as given to `lock(key)` or built by the attribute (without namespace).
+    pub fn key(&self) -> &str {
+        &self.state.names.key
+    }
+
+    /// The random token (UUID v4 from the OS random source) that proves ownership of the
+    /// record in the store.
+    pub fn token(&self) -> &str {
+        &self.state.token
+    }
+
+    /// The fencing token: strictly increasing per key across all acquisitions by anyone.
+    /// Storage the job writes should reject a write whose fence is lower than one it has seen.
+    pub fn fence(&self) -> u64 {
+        self.state.fence
+    }
+
+    /// The lease length requested at acquire (and used by each renewal).
+    pub fn ttl(&self) -> Duration {
+        self.state.ttl
+    }
+
+    /// True once the lease is known not to be held any more: its validity ended without a
+    /// renewal, or the store's record belongs to another token. Checked against the clock
+    /// directly, so it is right even before the watchdog has run.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Resolves when the lease is lost. Never resolves for a lease that is released by its
+    /// holder while still valid.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing; call it again to keep waiting.
+    pub async fn lost(&self) {
+        loop {
+            let notified = self.state.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.state.is_lost() {
+                return;
+            }
+            if self.state.is_ended() {
+                notified.await;
+                continue;
+            }
+            let deadline = self.state.valid_until();
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
+
+/// A lock record as seen by [`LockRuntime::inspect`](crate::LockRuntime::inspect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock key (without namespace).
+    pub key: String,
+    /// Who holds it: the runtime's `owner`, by default `hostname:pid`.
+    pub owner: String,
+    /// The fence of the current holder.
+    pub fence: u64,
+    /// Time left before the record expires unless renewed; `None` if it has no expiry.
+    pub remaining: Option<Duration>,
+    /// How long the current holder has held it, by the store's clock.
+    pub held_for: Duration,
+}

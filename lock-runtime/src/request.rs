@@ -1,0 +1,267 @@
+//! `LockRuntime::lock(key)`: a request with options, then one of three ways to acquire.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{check_name, check_ttl, drift};
+use crate::guard::PendingRelease;
+use crate::lease::{LeaseParams, LeaseState};
+use crate::store::{AcquireOutcome, KeyNames};
+use crate::watchdog::{Command, ReleaseJob};
+use crate::{Lease, LockError, LockGuard, LockRuntime};
+
+/// A lock request built by [`LockRuntime::lock`]; configure it, then acquire.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::{LockRuntime, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// let runtime = LockRuntime::builder().memory(MemoryStore::new()).build().await?;
+/// if let Some(guard) = runtime
+///     .lock("nightly-report")
+///     .ttl(Duration::from_secs(60))
+///     .min_hold(Duration::from_secs(10))
+///     .try_acquire()
+///     .await?
+/// {
+///     println!("fence {}", guard.lease().fence());
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Default
+/// ttl: the runtime's `default_ttl` (30 s unless set); min_hold: none; max_hold: none;
+/// watchdog: on.
+#[derive(Debug, Clone)]
+#[must_use = "a lock request does nothing until try_acquire, acquire or acquire_timeout is awaited"]
+pub struct LockRequest {
+    runtime: LockRuntime,
+    key: String,
+    ttl: Option<Duration>,
+    min_hold: Duration,
+    max_hold: Option<Duration>,
+    watchdog: bool,
+    done_retention: Option<Duration>,
+}
+
+enum Attempt {
+    Acquired(LockGuard),
+    Busy(Option<Duration>),
+}
+
+impl LockRequest {
+    pub(crate) fn new(runtime: LockRuntime, key: String) -> Self {
+        LockRequest {
+            runtime,
+            key,
+            ttl: None,
+            min_hold: Duration::ZERO,
+            max_hold: None,
+            watchdog: true,
+            done_retention: None,
+        }
+    }
+
+    /// The lease length: how long the lock survives a holder that stops renewing (crashed,
+    /// paused, partitioned). ShedLock calls it lockAtMostFor.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Keep the lock at least this long after acquiring, even if released earlier (ShedLock's
+    /// lockAtLeastFor): other instances whose clocks run a little late then still skip.
+    /// Must not exceed the ttl.
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = min_hold;
+        self
+    }
+
+    /// Stop renewing after this long; the lease then expires by its ttl and is reported lost.
+    /// Must be at least the ttl.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Renew the lease at ttl/3 while the guard lives (default true). Off: the lease simply
+    /// expires after its ttl and is reported lost then.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Takes the lock if it is free; `Ok(None)` if someone else holds it.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped after the store granted the lock, the lock is released in the
+    /// background.
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        let (names, ttl) = self.validate()?;
+        match self.attempt(&names, ttl).await? {
+            Attempt::Acquired(guard) => Ok(Some(guard)),
+            Attempt::Busy(_) => Ok(None),
+        }
+    }
+
+    /// Waits until the lock is ours, however long that takes.
+    ///
+    /// Waiting is event driven: the runtime subscribes to the lock's release channel before
+    /// retrying and wakes when the holder releases; for a holder that never releases (it
+    /// crashed) it retries when the record's ttl runs out, plus jitter.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future stops waiting; a lock granted at that instant is
+    /// released in the background.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        self.acquire_until(None).await
+    }
+
+    /// Like [`acquire`](Self::acquire), but gives up with [`LockError::WaitTimeout`] after
+    /// `timeout`.
+    ///
+    /// # Cancel safety
+    /// As for [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(self, timeout: Duration) -> Result<LockGuard, LockError> {
+        let deadline = Instant::now().checked_add(timeout);
+        self.acquire_until(Some(deadline.unwrap_or_else(far_future)))
+            .await
+    }
+
+    fn validate(&self) -> Result<(KeyNames, Duration), LockError> {
+        let inner = &self.runtime.inner;
+        if inner.is_shut_down() {
+            return Err(LockError::Shutdown);
+        }
+        check_name("lock key", &self.key)?;
+        let ttl = self.ttl.unwrap_or(inner.default_ttl);
+        check_ttl("ttl", ttl)?;
+        if self.min_hold > ttl {
+            return Err(LockError::config(format!(
+                "min_hold ({:?}) is longer than the ttl ({ttl:?}) of `{}`",
+                self.min_hold, self.key
+            )));
+        }
+        if let Some(max_hold) = self.max_hold {
+            if max_hold < ttl {
+                return Err(LockError::config(format!(
+                    "max_hold ({max_hold:?}) is shorter than the ttl ({ttl:?}) of `{}`",
+                    self.key
+                )));
+            }
+        }
+        if let Some(retention) = self.done_retention {
+            check_ttl("once retention", retention)?;
+        }
+        Ok((KeyNames::new(&inner.namespace, &self.key), ttl))
+    }
+
+    async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
+        let inner = &self.runtime.inner;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        // If this future is dropped while the script is in flight, the store may have granted
+        // the lock to a caller that is gone: release it in the background.
+        let mut pending = PendingRelease {
+            runtime: Some(inner.clone()),
+            job: Some(ReleaseJob {
+                names: names.clone(),
+                token: token.clone(),
+                done_retention: None,
+                lease_id: None,
+            }),
+        };
+        let sent = Instant::now();
+        let outcome = inner
+            .backend
+            .acquire(names, &token, &inner.owner, ttl, self.min_hold)
+            .await;
+        pending.disarm();
+        match outcome? {
+            AcquireOutcome::Acquired { fence } => {
+                let state = Arc::new(LeaseState::new(LeaseParams {
+                    id: inner.next_lease_id(),
+                    runtime_id: inner.id,
+                    names: names.clone(),
+                    token,
+                    fence,
+                    ttl,
+                    watchdog: self.watchdog,
+                    max_hold_until: self.max_hold.and_then(|m| sent.checked_add(m)),
+                    valid_until: sent + ttl - drift(ttl).min(ttl),
+                }));
+                inner.watchdog.send(Command::Register(state.clone()));
+                tracing::debug!(key = %names.key, fence, ?ttl, "lock acquired");
+                Ok(Attempt::Acquired(LockGuard::new(
+                    Lease { state },
+                    inner.clone(),
+                    self.done_retention,
+                )))
+            }
+            AcquireOutcome::Held { pttl } => {
+                tracing::debug!(key = %names.key, ?pttl, "lock contended");
+                Ok(Attempt::Busy(pttl))
+            }
+            AcquireOutcome::Done { pttl } => {
+                tracing::debug!(key = %names.key, ?pttl, "work already done for this key");
+                Ok(Attempt::Busy(pttl))
+            }
+        }
+    }
+
+    async fn acquire_until(self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        let (names, ttl) = self.validate()?;
+        if let Attempt::Acquired(guard) = self.attempt(&names, ttl).await? {
+            return Ok(guard);
+        }
+        // Subscribe before the next attempt, so a release between the attempt and the wait is
+        // not missed.
+        let watch = self.runtime.inner.backend.watch_releases(&names).await?;
+        loop {
+            let notified = watch.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let pttl = match self.attempt(&names, ttl).await? {
+                Attempt::Acquired(guard) => return Ok(guard),
+                Attempt::Busy(pttl) => pttl,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(LockError::WaitTimeout {
+                    key: self.key.clone(),
+                    waited: now - started,
+                });
+            }
+            // A holder that crashed never publishes: retry when its record expires.
+            let fallback = match pttl {
+                Some(p) => p + jitter(p / 10 + Duration::from_millis(1)),
+                None => Duration::from_millis(100) + jitter(Duration::from_millis(50)),
+            };
+            let mut wake = now + fallback;
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// A random duration in `[0, max)`, to spread retries of many waiters.
+fn jitter(max: Duration) -> Duration {
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let random = RandomState::new().hash_one(std::time::SystemTime::now());
+    Duration::from_nanos(random % nanos)
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}

@@ -1,0 +1,102 @@
+//! Fan-out of release notifications to the tasks waiting for a lock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+
+/// Maps a release channel to the waiters of that lock. Entries live as long as some
+/// [`ReleaseWatch`] holds them.
+#[derive(Debug, Default)]
+pub(crate) struct ReleaseHub {
+    channels: Mutex<HashMap<String, Weak<Notify>>>,
+}
+
+impl ReleaseHub {
+    /// Returns the notifier for `channel` and whether this is its first live watcher.
+    pub(crate) fn watch(&self, channel: &str) -> (Arc<Notify>, bool) {
+        let mut channels = lock(&self.channels);
+        if let Some(existing) = channels.get(channel).and_then(Weak::upgrade) {
+            return (existing, false);
+        }
+        let notify = Arc::new(Notify::new());
+        channels.insert(channel.to_owned(), Arc::downgrade(&notify));
+        (notify, true)
+    }
+
+    /// Wakes every task waiting on `channel`.
+    pub(crate) fn notify(&self, channel: &str) {
+        let target = {
+            let mut channels = lock(&self.channels);
+            match channels.get(channel).map(Weak::upgrade) {
+                Some(Some(n)) => Some(n),
+                Some(None) => {
+                    channels.remove(channel);
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(n) = target {
+            n.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter of every lock: used when the subscription connection dropped and
+    /// releases may have been missed.
+    pub(crate) fn notify_all(&self) {
+        let targets: Vec<Arc<Notify>> = {
+            let mut channels = lock(&self.channels);
+            channels.retain(|_, w| w.strong_count() > 0);
+            channels.values().filter_map(Weak::upgrade).collect()
+        };
+        for n in targets {
+            n.notify_waiters();
+        }
+    }
+
+    /// True when nobody watches `channel` any more; the entry is dropped.
+    pub(crate) fn forget_if_unwatched(&self, channel: &str) -> bool {
+        let mut channels = lock(&self.channels);
+        match channels.get(channel) {
+            Some(w) if w.strong_count() > 0 => false,
+            _ => {
+                channels.remove(channel);
+                true
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps hold no invariant a panicking holder could break half-way.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A live watch on one lock's releases. Dropping it ends the watch.
+pub(crate) struct ReleaseWatch {
+    pub(crate) notify: Arc<Notify>,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseWatch").finish_non_exhaustive()
+    }
+}
+
+impl ReleaseWatch {
+    pub(crate) fn new(notify: Arc<Notify>, on_drop: Option<Box<dyn FnOnce() + Send + Sync>>) -> Self {
+        ReleaseWatch { notify, on_drop }
+    }
+}
+
+impl Drop for ReleaseWatch {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            // Let go of our own handle first so the hook sees the true number of watchers.
+            drop(std::mem::replace(&mut self.notify, Arc::new(Notify::new())));
+            f();
+        }
+    }
+}

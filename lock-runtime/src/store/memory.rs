@@ -1,0 +1,214 @@
+//! The in-process store: same semantics as Redis, driven by `tokio::time`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, ReleaseWatch,
+};
+
+/// An in-process lock store for demos and unit tests.
+///
+/// Clones share one state, so several runtimes built on clones of one `MemoryStore` compete
+/// for the same locks, the way several service instances compete through one Redis. Time comes
+/// from `tokio::time`, so a test that calls `tokio::time::pause()` controls lease expiry
+/// exactly.
+///
+/// It coordinates tasks of one process only; use Redis across processes.
+///
+/// ```
+/// use lock_runtime::{LockRuntime, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// let store = MemoryStore::new();
+/// let a = LockRuntime::builder().memory(store.clone()).build().await?;
+/// let b = LockRuntime::builder().memory(store).build().await?;
+///
+/// let guard = a.lock("report").try_acquire().await?.expect("the lock is free");
+/// assert!(b.lock("report").try_acquire().await?.is_none());
+/// guard.release().await?;
+/// assert!(b.lock("report").try_acquire().await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    hub: ReleaseHub,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, Record>,
+    fences: HashMap<String, u64>,
+    done: HashMap<String, Instant>,
+}
+
+#[derive(Debug)]
+struct Record {
+    token: String,
+    owner: String,
+    fence: u64,
+    acquired_at: Instant,
+    min_hold_until: Instant,
+    expires_at: Instant,
+}
+
+impl State {
+    /// The live record at `record`, dropping it first if it has expired.
+    fn live(&mut self, record: &str, now: Instant) -> Option<&mut Record> {
+        if self
+            .records
+            .get(record)
+            .is_some_and(|r| r.expires_at <= now)
+        {
+            self.records.remove(record);
+        }
+        self.records.get_mut(record)
+    }
+
+    fn done_remaining(&mut self, done: &str, now: Instant) -> Option<Duration> {
+        match self.done.get(done) {
+            Some(&until) if until > now => Some(until - now),
+            Some(_) => {
+                self.done.remove(done);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update below is a single map operation; a poisoned lock holds consistent data.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn acquire(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        owner: &str,
+        ttl: Duration,
+        min_hold: Duration,
+    ) -> AcquireOutcome {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(pttl) = state.done_remaining(&names.done, now) {
+            return AcquireOutcome::Done { pttl: Some(pttl) };
+        }
+        if let Some(held) = state.live(&names.record, now) {
+            return AcquireOutcome::Held {
+                pttl: Some(held.expires_at - now),
+            };
+        }
+        let fence = {
+            let counter = state.fences.entry(names.fence.clone()).or_insert(0);
+            *counter += 1;
+            *counter
+        };
+        state.records.insert(
+            names.record.clone(),
+            Record {
+                token: token.to_owned(),
+                owner: owner.to_owned(),
+                fence,
+                acquired_at: now,
+                min_hold_until: now + min_hold,
+                expires_at: now + ttl,
+            },
+        );
+        AcquireOutcome::Acquired { fence }
+    }
+
+    pub(crate) fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> ReleaseOutcome {
+        let now = Instant::now();
+        let outcome = {
+            let mut state = self.state();
+            let Some(record) = state.live(&names.record, now) else {
+                return ReleaseOutcome::NotOwner;
+            };
+            if record.token != token {
+                return ReleaseOutcome::NotOwner;
+            }
+            let hold_until = record.min_hold_until;
+            let outcome = if hold_until > now {
+                record.expires_at = record.expires_at.min(hold_until);
+                ReleaseOutcome::KeptForMinHold
+            } else {
+                state.records.remove(&names.record);
+                ReleaseOutcome::Released
+            };
+            if let Some(retention) = done_retention {
+                state.done.insert(names.done.clone(), now + retention);
+            }
+            outcome
+        };
+        if outcome == ReleaseOutcome::Released {
+            self.shared.hub.notify(&names.channel);
+        }
+        outcome
+    }
+
+    pub(crate) fn extend(&self, items: &[ExtendItem]) -> Vec<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        items
+            .iter()
+            .map(|item| match state.live(&item.record, now) {
+                Some(r) if r.token == item.token => {
+                    r.expires_at = r.expires_at.max(now + item.ttl);
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    pub(crate) fn inspect(&self, names: &KeyNames) -> Option<RecordView> {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.live(&names.record, now).map(|r| RecordView {
+            owner: r.owner.clone(),
+            fence: r.fence,
+            remaining: Some(r.expires_at - now),
+            held_for: now - r.acquired_at,
+        })
+    }
+
+    pub(crate) fn watch_releases(&self, names: &KeyNames) -> ReleaseWatch {
+        let (notify, _first) = self.shared.hub.watch(&names.channel);
+        let shared = Arc::downgrade(&self.shared);
+        let channel = names.channel.clone();
+        ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                if let Some(shared) = shared.upgrade() {
+                    shared.hub.forget_if_unwatched(&channel);
+                }
+            })),
+        )
+    }
+}
