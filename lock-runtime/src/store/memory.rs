@@ -93,6 +93,16 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// Forgets every lock record, done marker and fence counter, as a Redis server restarted
+    /// without persistence would. Leases held on this store are then reported lost at their
+    /// next renewal. Meant for tests that simulate a store failure.
+    pub fn clear(&self) {
+        let mut state = self.state();
+        state.records.clear();
+        state.fences.clear();
+        state.done.clear();
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Every update below is a single map operation; a poisoned lock holds consistent data.
         self.shared

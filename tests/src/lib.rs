@@ -1,0 +1,9 @@
+//! Test support for the lock-runtime suite: real Redis servers and a behaviour suite that runs
+//! unchanged on every store.
+
+pub mod server;
+pub mod store;
+pub mod suite;
+
+pub use server::RedisServer;
+pub use store::TestStore;

@@ -1,0 +1,156 @@
+//! Real `redis-server` processes on free loopback ports, killed when dropped.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One `redis-server` started for a test, in its own temp dir, on a free loopback port.
+/// Killed (by its PID) when dropped; its log is printed if the test is panicking.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+}
+
+/// Panics with an install hint when `redis-server` is missing: a missing server is a failure,
+/// never a skipped test.
+pub fn redis_server_binary() -> PathBuf {
+    let path = std::env::var_os("REDIS_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"));
+    match Command::new(&path).arg("--version").output() {
+        Ok(out) if out.status.success() => path,
+        _ => panic!(
+            "redis-server was not found (looked for `{}`). These tests run against real Redis \
+             servers: install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu), \
+             or point REDIS_SERVER_BIN at the binary.",
+            path.display()
+        ),
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
+    listener
+        .local_addr()
+        .expect("a bound listener has an address")
+        .port()
+}
+
+impl RedisServer {
+    /// Starts a plain server.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("creating a temp dir for redis-server");
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        // A port picked free can be taken before the server binds it; try a few.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start; log:\n{}", server.log());
+    }
+
+    fn spawn(&mut self) -> bool {
+        let binary = redis_server_binary();
+        let log = self.dir.path().join("redis.log");
+        let child = Command::new(binary)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, for tests that signal the server.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A plain redis-rs client for checks and fault injection.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("a loopback URL parses")
+    }
+
+    /// Kills the server with SIGKILL and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: nothing is persisted).
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    /// The server's log file contents.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- redis-server :{} log ---\n{}", self.port, self.log());
+        }
+        self.kill();
+    }
+}

@@ -1,0 +1,429 @@
+//! The behaviour suite: every function here runs once per store (see `behaviour_suite!`).
+//! Timing margins are generous (seconds), because CI machines are noisy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use tokio::time::Instant;
+
+use crate::TestStore;
+
+/// Generates one `#[tokio::test]` per suite case for the store made by `$make`.
+#[macro_export]
+macro_rules! behaviour_suite {
+    ($make:expr) => {
+        $crate::behaviour_suite!(@cases $make;
+            mutual_exclusion,
+            stale_guard_releases_nothing,
+            watchdog_keeps_short_lease_alive,
+            deleted_record_is_reported_lost,
+            fences_strictly_increase,
+            min_hold_keeps_lock_after_release,
+            dropped_future_releases_promptly,
+            panic_releases_promptly,
+            waiter_wakes_on_release,
+            wait_timeout_gives_up,
+            expired_holder_lets_waiter_in,
+            inspect_shows_holder,
+            shutdown_releases_everything,
+            extend_and_max_hold,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let store = $make;
+                $crate::suite::$case(&store).await;
+            }
+        )*
+    };
+}
+
+/// 3 runtimes x 4 tasks x 100 iterations on 2 keys, each doing an unsynchronised
+/// read-sleep-write on a counter under the lock: the totals must be exact.
+pub async fn mutual_exclusion(store: &TestStore) {
+    const RUNTIMES: usize = 3;
+    const TASKS: usize = 4;
+    const ITERATIONS: usize = 100;
+    let counters = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let mut tasks = Vec::new();
+    for _ in 0..RUNTIMES {
+        let runtime = store.runtime().await;
+        for t in 0..TASKS {
+            let runtime = runtime.clone();
+            let counters = counters.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..ITERATIONS {
+                    let k = (i + t) % 2;
+                    let guard = runtime
+                        .lock(format!("counter-{k}"))
+                        .ttl(Duration::from_secs(10))
+                        .acquire_timeout(Duration::from_secs(60))
+                        .await
+                        .expect("acquire within a minute");
+                    let seen = counters[k].load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    counters[k].store(seen + 1, Ordering::SeqCst);
+                    assert!(guard.release().await.expect("release"), "lock was ours");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("worker task");
+    }
+    let per_key = (RUNTIMES * TASKS * ITERATIONS / 2) as u64;
+    assert_eq!(counters[0].load(Ordering::SeqCst), per_key);
+    assert_eq!(counters[1].load(Ordering::SeqCst), per_key);
+}
+
+/// A guard whose lease expired while another runtime took the lock releases nothing.
+pub async fn stale_guard_releases_nothing(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let stale = a
+        .lock("stale")
+        .ttl(Duration::from_millis(300))
+        .watchdog(false)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(stale.lease().is_lost(), "an expired, unrenewed lease is lost");
+    let fresh = b
+        .lock("stale")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("the expired lock is free");
+    assert!(fresh.lease().fence() > stale.lease().fence());
+    assert!(!stale.release().await.expect("release"), "a stale release reports false");
+    let info = b.inspect("stale").await.expect("inspect").expect("still held");
+    assert_eq!(info.owner, b.owner(), "the new holder keeps the lock");
+    assert_eq!(info.fence, fresh.lease().fence());
+    assert!(fresh.release().await.expect("release"));
+}
+
+/// The watchdog keeps a 1 s lease alive through a 4 s hold while another runtime keeps trying.
+pub async fn watchdog_keeps_short_lease_alive(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("watched")
+        .ttl(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut attempts = 0;
+    while Instant::now() < until {
+        let other = b.lock("watched").ttl(Duration::from_secs(1)).try_acquire().await.expect("try");
+        assert!(other.is_none(), "another runtime got a lock whose holder is alive");
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(attempts > 10);
+    assert!(!guard.lease().is_lost());
+    assert!(guard.release().await.expect("release"), "still ours after 4 s");
+}
+
+/// Deleting the record behind a live lease is noticed within ttl/3 plus a margin.
+pub async fn deleted_record_is_reported_lost(store: &TestStore) {
+    let a = store.runtime().await;
+    let ttl = Duration::from_millis(900);
+    let guard = a.lock("doomed").ttl(ttl).try_acquire().await.expect("acquire").expect("free");
+    let lease = guard.lease().clone();
+    assert!(!lease.is_lost());
+    store.delete_record("doomed").await;
+    let deleted_at = Instant::now();
+    tokio::time::timeout(ttl / 3 + Duration::from_secs(1), lease.lost())
+        .await
+        .expect("lost() resolves within ttl/3 plus a margin");
+    assert!(lease.is_lost());
+    assert!(deleted_at.elapsed() <= ttl / 3 + Duration::from_secs(1));
+    assert!(!guard.release().await.expect("release"), "nothing of ours to release");
+}
+
+/// Fences strictly increase across acquisitions from three runtimes.
+pub async fn fences_strictly_increase(store: &TestStore) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let runtime = store.runtime().await;
+        let seen = seen.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                let guard = runtime
+                    .lock("fenced")
+                    .acquire_timeout(Duration::from_secs(30))
+                    .await
+                    .expect("acquire");
+                // Recorded inside the critical section: list order is acquisition order.
+                seen.lock().expect("not poisoned").push(guard.lease().fence());
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let seen = seen.lock().expect("not poisoned").clone();
+    assert_eq!(seen.len(), 120);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing: {seen:?}"
+    );
+}
+
+/// A lock released before its min_hold stays held until min_hold has passed.
+pub async fn min_hold_keeps_lock_after_release(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("min-hold")
+        .ttl(Duration::from_secs(5))
+        .min_hold(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let acquired = Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let blocked = b.lock("min-hold").try_acquire().await.expect("try");
+    if acquired.elapsed() < Duration::from_millis(1200) {
+        assert!(blocked.is_none(), "min_hold must keep the lock after an early release");
+    }
+    let got = b
+        .lock("min-hold")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("free after min_hold");
+    assert!(acquired.elapsed() >= Duration::from_millis(1400), "freed too early");
+    assert!(acquired.elapsed() < Duration::from_secs(4), "held until the ttl, not min_hold");
+    got.release().await.expect("release");
+}
+
+/// A future holding a guard that is dropped (aborted task, timeout) frees the lock at once.
+pub async fn dropped_future_releases_promptly(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let _guard = a
+                .lock("dropped")
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .expect("acquire");
+            let _ = tx.send(());
+            std::future::pending::<()>().await;
+        })
+    };
+    rx.await.expect("holder acquired");
+    assert!(b.lock("dropped").try_acquire().await.expect("try").is_none());
+    holder.abort();
+    let start = Instant::now();
+    let got = b
+        .lock("dropped")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect("the lock is free within a second, not after its 30 s ttl");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    got.release().await.expect("release");
+
+    // The same through tokio::time::timeout cancelling the holding future.
+    let timed_out = tokio::time::timeout(Duration::from_millis(200), async {
+        let _guard = a.lock("dropped").ttl(Duration::from_secs(30)).acquire().await;
+        std::future::pending::<()>().await;
+    })
+    .await;
+    assert!(timed_out.is_err());
+    b.lock("dropped")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect("free within a second after the timeout")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// A panic in the code holding the guard frees the lock at once.
+pub async fn panic_releases_promptly(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let holder = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let _guard = a
+                .lock("panicky")
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .expect("acquire");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            panic!("the job failed");
+        })
+    };
+    let joined = holder.await;
+    assert!(joined.expect_err("the task panicked").is_panic());
+    let got = b
+        .lock("panicky")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect("free within a second of the panic");
+    got.release().await.expect("release");
+}
+
+/// A waiter wakes when the holder releases, long before the holder's ttl.
+pub async fn waiter_wakes_on_release(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("handoff")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        let guard = b.lock("handoff").acquire().await.expect("acquire");
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter must wait while the lock is held");
+    let released = Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let (woke, got) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("waiter wakes long before the 30 s ttl")
+        .expect("waiter task");
+    assert!(woke.duration_since(released) < Duration::from_secs(2));
+    got.release().await.expect("release");
+}
+
+/// acquire_timeout gives up with WaitTimeout.
+pub async fn wait_timeout_gives_up(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a.lock("busy").try_acquire().await.expect("acquire").expect("free");
+    let start = Instant::now();
+    let err = b
+        .lock("busy")
+        .acquire_timeout(Duration::from_millis(400))
+        .await
+        .expect_err("the lock stays held");
+    match err {
+        LockError::WaitTimeout { key, waited } => {
+            assert_eq!(key, "busy");
+            assert!(waited >= Duration::from_millis(400));
+        }
+        other => panic!("expected WaitTimeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    guard.release().await.expect("release");
+}
+
+/// A holder that stops renewing (watchdog off) lets a waiter in once its ttl runs out.
+pub async fn expired_holder_lets_waiter_in(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("expiring")
+        .ttl(Duration::from_millis(500))
+        .watchdog(false)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let got = b
+        .lock("expiring")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the waiter gets the lock after the ttl");
+    assert!(guard.lease().is_lost());
+    assert!(got.lease().fence() > guard.lease().fence());
+    drop(guard);
+    got.release().await.expect("release");
+}
+
+/// inspect reports owner, fence and remaining ttl of the holder, and None when free.
+pub async fn inspect_shows_holder(store: &TestStore) {
+    let a = store.runtime().await;
+    assert!(a.inspect("shown").await.expect("inspect").is_none());
+    let guard = a
+        .lock("shown")
+        .ttl(Duration::from_secs(20))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let info = a.inspect("shown").await.expect("inspect").expect("held");
+    assert_eq!(info.key, "shown");
+    assert_eq!(info.owner, a.owner());
+    assert_eq!(info.fence, guard.lease().fence());
+    let remaining = info.remaining.expect("a lease has an expiry");
+    assert!(remaining <= Duration::from_secs(20) && remaining > Duration::from_secs(10));
+    guard.release().await.expect("release");
+    assert!(a.inspect("shown").await.expect("inspect").is_none());
+}
+
+/// shutdown releases every held lease, reports them lost to their holders, and refuses new
+/// requests.
+pub async fn shutdown_releases_everything(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let g1 = a.lock("sd-1").ttl(Duration::from_secs(30)).try_acquire().await.expect("acquire").expect("free");
+    let g2 = a.lock("sd-2").ttl(Duration::from_secs(30)).try_acquire().await.expect("acquire").expect("free");
+    a.shutdown().await;
+    assert!(g1.lease().is_lost() && g2.lease().is_lost());
+    for key in ["sd-1", "sd-2"] {
+        assert!(b.lock(key).try_acquire().await.expect("try").is_some(), "{key} freed by shutdown");
+    }
+    assert!(matches!(a.lock("sd-3").try_acquire().await, Err(LockError::Shutdown)));
+    drop((g1, g2));
+}
+
+/// extend lengthens a lease; max_hold stops renewals so the lease expires and is lost.
+pub async fn extend_and_max_hold(store: &TestStore) {
+    let a = store.runtime().await;
+    let guard = a
+        .lock("extended")
+        .ttl(Duration::from_millis(600))
+        .watchdog(false)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(guard.extend(Duration::from_secs(5)).await.expect("extend"));
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!guard.lease().is_lost(), "extended past the original ttl");
+    assert!(guard.release().await.expect("release"));
+
+    let capped = a
+        .lock("capped")
+        .ttl(Duration::from_millis(400))
+        .max_hold(Duration::from_millis(800))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    tokio::time::timeout(Duration::from_secs(5), capped.lease().lost())
+        .await
+        .expect("renewals stop after max_hold and the lease is lost");
+    // The holder's validity ends a drift margin before the store's record expires.
+    let rt: LockRuntime = a.clone();
+    rt.lock("capped")
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .expect("the capped lease expired in the store too");
+    drop(capped);
+}

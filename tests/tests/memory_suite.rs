@@ -1,0 +1,2 @@
+//! The behaviour suite on the in-process memory store.
+lock_tests::behaviour_suite!(lock_tests::TestStore::memory());

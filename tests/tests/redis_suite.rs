@@ -1,0 +1,2 @@
+//! The behaviour suite on a real redis-server per test.
+lock_tests::behaviour_suite!(lock_tests::TestStore::redis());
