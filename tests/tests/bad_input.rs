@@ -1,0 +1,202 @@
+//! Bad input gets a clear `LockError`, never a panic; no password ever shows.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockRuntime, MemoryStore};
+use lock_tests::RedisServer;
+
+async fn memory_runtime() -> LockRuntime {
+    LockRuntime::builder().memory(MemoryStore::new()).build().await.expect("build")
+}
+
+fn assert_config(result: Result<impl std::fmt::Debug, LockError>, needle: &str) {
+    match result {
+        Err(LockError::Config(message)) => {
+            assert!(message.contains(needle), "`{message}` should mention `{needle}`")
+        }
+        other => panic!("expected a Config error mentioning `{needle}`, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_are_config_errors() {
+    let rt = memory_runtime().await;
+    assert_config(rt.lock("").try_acquire().await, "must not be empty");
+    assert_config(rt.lock("k".repeat(1025)).try_acquire().await, "1024 bytes");
+    assert!(rt.lock("k".repeat(1024)).try_acquire().await.expect("1 KiB is fine").is_some());
+    assert_config(rt.lock("a{b}").try_acquire().await, "brace");
+    assert_config(rt.lock("line\nbreak").try_acquire().await, "control character");
+    assert_config(rt.lock("k").ttl(Duration::ZERO).try_acquire().await, "longer than zero");
+    assert_config(
+        rt.lock("k").ttl(Duration::from_secs(400 * 24 * 3600)).try_acquire().await,
+        "365 days",
+    );
+    assert_config(
+        rt.lock("k")
+            .ttl(Duration::from_secs(1))
+            .min_hold(Duration::from_secs(2))
+            .try_acquire()
+            .await,
+        "min_hold",
+    );
+    assert_config(
+        rt.lock("k")
+            .ttl(Duration::from_secs(10))
+            .max_hold(Duration::from_secs(2))
+            .acquire()
+            .await,
+        "max_hold",
+    );
+    assert_config(rt.inspect("").await, "must not be empty");
+    let held = rt.lock("ext").try_acquire().await.expect("acquire").expect("free");
+    assert_config(held.extend(Duration::ZERO).await, "longer than zero");
+}
+
+#[tokio::test]
+async fn bad_builders_are_config_errors() {
+    assert_config(LockRuntime::builder().build().await, "no store configured");
+    assert_config(
+        LockRuntime::builder()
+            .memory(MemoryStore::new())
+            .redis("redis://127.0.0.1:1")
+            .build()
+            .await,
+        "two stores",
+    );
+    assert_config(
+        LockRuntime::builder().memory(MemoryStore::new()).namespace("").build().await,
+        "namespace must not be empty",
+    );
+    assert_config(
+        LockRuntime::builder().memory(MemoryStore::new()).namespace("a{b").build().await,
+        "brace",
+    );
+    assert_config(
+        LockRuntime::builder().memory(MemoryStore::new()).default_ttl(Duration::ZERO).build().await,
+        "default_ttl",
+    );
+    assert_config(
+        LockRuntime::builder().memory(MemoryStore::new()).owner("").build().await,
+        "owner must not be empty",
+    );
+    assert_config(LockRuntime::builder().redis("not a url").build().await, "cannot use Redis URL");
+    assert_config(
+        LockRuntime::builder().redis("http://127.0.0.1:6379").build().await,
+        "cannot use Redis URL",
+    );
+}
+
+#[tokio::test]
+async fn unreachable_server_fails_within_the_connect_timeout() {
+    // A port that was free a moment ago: connection refused.
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let start = Instant::now();
+    let err = LockRuntime::builder()
+        .redis(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect_err("nothing listens there");
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+
+    // A listener that accepts and never answers: bounded by the timeout, too.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let start = Instant::now();
+    let err = LockRuntime::builder()
+        .redis(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect_err("a silent server");
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+    drop(silent);
+}
+
+/// Collects everything the tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn passwords_never_appear_in_errors_debug_or_logs() {
+    const SECRET: &str = "s3cr3t-Pa55";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let server = RedisServer::start_with(&["--requirepass", SECRET]);
+    let mut texts = Vec::new();
+
+    // Wrong password, right server.
+    let wrong = format!("redis://default:not-{SECRET}@127.0.0.1:{}", server.port());
+    let builder = LockRuntime::builder().redis(wrong.clone());
+    texts.push(format!("{builder:?}"));
+    let err = builder.build().await.expect_err("wrong password");
+    texts.push(err.to_string());
+    texts.push(format!("{err:?}"));
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+
+    // Right password on a closed port, percent-encoded too.
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    for url in [
+        format!("redis://user:{SECRET}@127.0.0.1:{port}"),
+        format!("redis://:{SECRET}@127.0.0.1:{port}/0"),
+        format!("redis://user:{}@127.0.0.1:{port}", SECRET.replace('-', "%2D")),
+        format!("redis://user:{SECRET}@"),
+        format!("bogus://user:{SECRET}@host"),
+    ] {
+        let err = LockRuntime::builder()
+            .redis(url)
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .expect_err("nothing there");
+        texts.push(err.to_string());
+        texts.push(format!("{err:?}"));
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            texts.push(s.to_string());
+            texts.push(format!("{s:?}"));
+            source = s.source();
+        }
+    }
+
+    // The right password works, and its runtime's Debug shows no secret.
+    let good = LockRuntime::builder()
+        .redis(format!("redis://default:{SECRET}@127.0.0.1:{}", server.port()))
+        .build()
+        .await
+        .expect("the right password connects");
+    texts.push(format!("{good:?}"));
+    let guard = good.lock("secretive").try_acquire().await.expect("acquire").expect("free");
+    drop(guard);
+    good.shutdown().await;
+
+    let logs = String::from_utf8_lossy(&captured.0.lock().expect("not poisoned")).into_owned();
+    texts.push(logs);
+    for text in &texts {
+        assert!(!text.contains(SECRET), "a password leaked: {text}");
+        assert!(!text.contains("s3cr3t%2DPa55"), "an encoded password leaked: {text}");
+    }
+    assert!(texts.iter().any(|t| t.contains("***")), "URLs are shown redacted");
+}

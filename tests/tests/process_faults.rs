@@ -1,0 +1,54 @@
+//! Faults that need a separate OS process: a holder killed with SIGKILL.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use lock_tests::TestStore;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+/// A holder killed with SIGKILL never releases: the lock stays held until its ttl runs out,
+/// then it is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_frees_the_lock_after_its_ttl() {
+    let store = TestStore::redis();
+    let TestStore::Redis(server) = &store else {
+        unreachable!("made as redis")
+    };
+    let ttl = Duration::from_secs(2);
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock_holder"))
+        .args([server.url(), "job".into(), ttl.as_millis().to_string()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning the holder process");
+    let stdout = holder.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the holder reports within 10 s")
+        .expect("reading the holder's stdout")
+        .expect("a line from the holder");
+    assert!(line.starts_with("acquired "), "holder said {line:?}");
+
+    let runtime = store.runtime().await;
+    // Held across several ttl/3 renewals by the live holder.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    assert!(runtime.lock("job").try_acquire().await.expect("try").is_none());
+
+    holder.start_kill().expect("SIGKILL the holder");
+    holder.wait().await.expect("reaping the holder");
+    let killed = Instant::now();
+    // Right after the kill the record is still there: nobody released it.
+    assert!(runtime.lock("job").try_acquire().await.expect("try").is_none());
+    let guard = runtime
+        .lock("job")
+        .acquire_timeout(ttl + Duration::from_secs(3))
+        .await
+        .expect("free again once the killed holder's ttl ran out");
+    let waited = killed.elapsed();
+    assert!(waited <= ttl + Duration::from_secs(3), "took {waited:?}");
+    assert!(guard.lease().fence() >= 2);
+    guard.release().await.expect("release");
+}
