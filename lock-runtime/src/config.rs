@@ -48,7 +48,9 @@ pub(crate) fn check_name(what: &str, value: &str) -> Result<(), LockError> {
 /// Checks a lease length.
 pub(crate) fn check_ttl(what: &str, ttl: Duration) -> Result<(), LockError> {
     if ttl.is_zero() {
-        return Err(LockError::config(format!("{what} must be longer than zero")));
+        return Err(LockError::config(format!(
+            "{what} must be longer than zero"
+        )));
     }
     if ttl < Duration::from_millis(1) {
         return Err(LockError::config(format!(
@@ -160,7 +162,10 @@ mod tests {
             redact_url("redis://:hunter2@localhost"),
             "redis://:***@localhost"
         );
-        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
         assert_eq!(redact_url("garbage@secret"), "<redacted>");
         assert_eq!(
             url_secret("redis://u:p%40ss@h:1").as_deref(),

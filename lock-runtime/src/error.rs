@@ -47,6 +47,14 @@ pub enum LockError {
         key: String,
     },
 
+    /// A request with `once` found the done marker of an earlier successful run: the work for
+    /// this key is already done (until the marker's retention ends).
+    #[error("the work for lock `{key}` is already done (a `once` marker exists)")]
+    AlreadyDone {
+        /// The lock key as the caller gave it.
+        key: String,
+    },
+
     /// The store failed: connection refused, timeout, authentication, a script error, a foreign
     /// value at a lock key, an out-of-memory server.
     #[error(transparent)]
@@ -89,7 +97,9 @@ impl BackendError {
     /// driver error is kept as the source only if it does not contain one.
     pub(crate) fn redis(context: &str, err: redis::RedisError, secrets: &[String]) -> Self {
         let mut text = err.to_string();
-        let leaks = secrets.iter().any(|s| !s.is_empty() && text.contains(s.as_str()));
+        let leaks = secrets
+            .iter()
+            .any(|s| !s.is_empty() && text.contains(s.as_str()));
         for s in secrets.iter().filter(|s| !s.is_empty()) {
             text = text.replace(s.as_str(), "***");
         }

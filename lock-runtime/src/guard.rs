@@ -38,7 +38,11 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(lease: Lease, runtime: Arc<RuntimeInner>, done_retention: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        lease: Lease,
+        runtime: Arc<RuntimeInner>,
+        done_retention: Option<Duration>,
+    ) -> Self {
         LockGuard {
             lease,
             runtime,
@@ -94,7 +98,22 @@ impl LockGuard {
     /// # Cancel safety
     /// If the returned future is dropped before it completes, the release still happens in the
     /// background.
-    pub async fn release(mut self) -> Result<bool, LockError> {
+    pub async fn release(self) -> Result<bool, LockError> {
+        self.finish(None).await
+    }
+
+    /// Releases the lock and, for a request made with [`once`](crate::LockRequest::once),
+    /// records that the work is done: later requests for the key skip until the retention
+    /// ends. Marker and release are written by one script. Without `once` it is `release`.
+    ///
+    /// # Cancel safety
+    /// As for [`release`](Self::release).
+    pub async fn complete(self) -> Result<bool, LockError> {
+        let once = self.done_retention;
+        self.finish(once).await
+    }
+
+    async fn finish(mut self, done_retention: Option<Duration>) -> Result<bool, LockError> {
         self.armed = false;
         let state = self.lease.state.clone();
         state.mark_ended();
@@ -105,14 +124,14 @@ impl LockGuard {
             job: Some(ReleaseJob {
                 names: state.names.clone(),
                 token: state.token.clone(),
-                done_retention: self.done_retention,
+                done_retention,
                 lease_id: None,
             }),
         };
         let outcome = self
             .runtime
             .backend
-            .release(&state.names, &state.token, self.done_retention)
+            .release(&state.names, &state.token, done_retention)
             .await;
         pending.disarm();
         let outcome = outcome?;
@@ -135,10 +154,11 @@ impl Drop for LockGuard {
         }
         let state = &self.lease.state;
         state.mark_ended();
+        // A dropped guard (early return, panic, cancellation) never marks the work done.
         let sent = self.runtime.watchdog.send(Command::Release(ReleaseJob {
             names: state.names.clone(),
             token: state.token.clone(),
-            done_retention: self.done_retention,
+            done_retention: None,
             lease_id: Some(state.id),
         }));
         if !sent {

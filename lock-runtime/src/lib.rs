@@ -32,6 +32,8 @@
 //! checked by the storage the job writes. The project README states the remaining failure
 //! modes.
 
+#[doc(hidden)]
+pub mod __private;
 mod builder;
 mod config;
 mod context;

@@ -53,6 +53,14 @@ pub struct LockRequest {
 enum Attempt {
     Acquired(LockGuard),
     Busy(Option<Duration>),
+    Done,
+}
+
+/// What a single acquire attempt found, for callers that treat "held" and "done" differently.
+pub(crate) enum TryOutcome {
+    Acquired(LockGuard),
+    Held,
+    Done,
 }
 
 impl LockRequest {
@@ -97,20 +105,39 @@ impl LockRequest {
         self
     }
 
-    /// Takes the lock if it is free; `Ok(None)` if someone else holds it.
+    /// Run-once marker: when the guard is finished with [`LockGuard::complete`], the store
+    /// keeps a done marker for `retention`, and later requests for the key find the work
+    /// done: `try_acquire` returns `Ok(None)`, `acquire` returns [`LockError::AlreadyDone`].
+    /// A guard released or dropped without `complete` writes no marker.
+    pub fn once(mut self, retention: Duration) -> Self {
+        self.done_retention = Some(retention);
+        self
+    }
+
+    /// Takes the lock if it is free; `Ok(None)` if someone else holds it (or, with
+    /// [`once`](Self::once), the work is already done).
     ///
     /// # Cancel safety
     /// If the future is dropped after the store granted the lock, the lock is released in the
     /// background.
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
-        let (names, ttl) = self.validate()?;
-        match self.attempt(&names, ttl).await? {
-            Attempt::Acquired(guard) => Ok(Some(guard)),
-            Attempt::Busy(_) => Ok(None),
+        match self.try_acquire_detailed().await? {
+            TryOutcome::Acquired(guard) => Ok(Some(guard)),
+            TryOutcome::Held | TryOutcome::Done => Ok(None),
         }
     }
 
-    /// Waits until the lock is ours, however long that takes.
+    pub(crate) async fn try_acquire_detailed(self) -> Result<TryOutcome, LockError> {
+        let (names, ttl) = self.validate()?;
+        Ok(match self.attempt(&names, ttl).await? {
+            Attempt::Acquired(guard) => TryOutcome::Acquired(guard),
+            Attempt::Busy(_) => TryOutcome::Held,
+            Attempt::Done => TryOutcome::Done,
+        })
+    }
+
+    /// Waits until the lock is ours, however long that takes. With [`once`](Self::once), a
+    /// done marker ends the wait with [`LockError::AlreadyDone`].
     ///
     /// Waiting is event driven: the runtime subscribes to the lock's release channel before
     /// retrying and wakes when the holder releases; for a holder that never releases (it
@@ -134,6 +161,12 @@ impl LockRequest {
             .await
     }
 
+    fn already_done(&self) -> LockError {
+        LockError::AlreadyDone {
+            key: self.key.clone(),
+        }
+    }
+
     fn validate(&self) -> Result<(KeyNames, Duration), LockError> {
         let inner = &self.runtime.inner;
         if inner.is_shut_down() {
@@ -148,13 +181,13 @@ impl LockRequest {
                 self.min_hold, self.key
             )));
         }
-        if let Some(max_hold) = self.max_hold {
-            if max_hold < ttl {
-                return Err(LockError::config(format!(
-                    "max_hold ({max_hold:?}) is shorter than the ttl ({ttl:?}) of `{}`",
-                    self.key
-                )));
-            }
+        if let Some(max_hold) = self.max_hold
+            && max_hold < ttl
+        {
+            return Err(LockError::config(format!(
+                "max_hold ({max_hold:?}) is shorter than the ttl ({ttl:?}) of `{}`",
+                self.key
+            )));
         }
         if let Some(retention) = self.done_retention {
             check_ttl("once retention", retention)?;
@@ -179,7 +212,14 @@ impl LockRequest {
         let sent = Instant::now();
         let outcome = inner
             .backend
-            .acquire(names, &token, &inner.owner, ttl, self.min_hold)
+            .acquire(
+                names,
+                &token,
+                &inner.owner,
+                ttl,
+                self.min_hold,
+                self.done_retention.is_some(),
+            )
             .await;
         pending.disarm();
         match outcome? {
@@ -209,7 +249,7 @@ impl LockRequest {
             }
             AcquireOutcome::Done { pttl } => {
                 tracing::debug!(key = %names.key, ?pttl, "work already done for this key");
-                Ok(Attempt::Busy(pttl))
+                Ok(Attempt::Done)
             }
         }
     }
@@ -217,8 +257,10 @@ impl LockRequest {
     async fn acquire_until(self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
         let started = Instant::now();
         let (names, ttl) = self.validate()?;
-        if let Attempt::Acquired(guard) = self.attempt(&names, ttl).await? {
-            return Ok(guard);
+        match self.attempt(&names, ttl).await? {
+            Attempt::Acquired(guard) => return Ok(guard),
+            Attempt::Done => return Err(self.already_done()),
+            Attempt::Busy(_) => {}
         }
         // Subscribe before the next attempt, so a release between the attempt and the wait is
         // not missed.
@@ -229,6 +271,7 @@ impl LockRequest {
             notified.as_mut().enable();
             let pttl = match self.attempt(&names, ttl).await? {
                 Attempt::Acquired(guard) => return Ok(guard),
+                Attempt::Done => return Err(self.already_done()),
                 Attempt::Busy(pttl) => pttl,
             };
             let now = Instant::now();

@@ -123,14 +123,12 @@ impl LockRuntime {
     /// The runtime a locked call in this task uses: the one set by [`scope`](Self::scope) if
     /// any, else the installed one, else [`LockError::NotConfigured`].
     pub fn current() -> Result<LockRuntime, LockError> {
-        SCOPED
-            .try_with(Clone::clone)
-            .or_else(|_| Self::global())
+        SCOPED.try_with(Clone::clone).or_else(|_| Self::global())
     }
 
     /// Runs `fut` with this runtime as the current one for the task (task-local). Lets one
     /// process simulate several service instances, and lets tests avoid the process-global.
-    pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
+    pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> + use<F> {
         SCOPED.scope(self.clone(), fut)
     }
 

@@ -217,7 +217,8 @@ impl Driver {
                 lose(&lease, "the lease expired before a renewal succeeded");
                 continue;
             }
-            let renew_due = !entry.in_flight && entry.next_renew.is_some_and(|r| r <= now + COALESCE);
+            let renew_due =
+                !entry.in_flight && entry.next_renew.is_some_and(|r| r <= now + COALESCE);
             let past_max_hold = entry.lease.max_hold_until.is_some_and(|m| now >= m);
             if renew_due && past_max_hold {
                 tracing::debug!(key = %entry.lease.names.key, "max_hold reached; renewals stop and the lease will expire");
@@ -240,8 +241,15 @@ impl Driver {
         let backend = self.backend.clone();
         let results = self.results_tx.clone();
         // Never wait past the earliest validity end in the batch: the loss must be reported then.
-        let shortest = leases.iter().map(|l| l.ttl).min().unwrap_or(self.command_timeout);
-        let timeout = self.command_timeout.min(renew_interval(shortest)).max(Duration::from_millis(5));
+        let shortest = leases
+            .iter()
+            .map(|l| l.ttl)
+            .min()
+            .unwrap_or(self.command_timeout);
+        let timeout = self
+            .command_timeout
+            .min(renew_interval(shortest))
+            .max(Duration::from_millis(5));
         tokio::spawn(async move {
             let items: Vec<ExtendItem> = leases
                 .iter()
@@ -274,7 +282,8 @@ impl Driver {
             entry.in_flight = false;
             match &report.result {
                 Ok(renewed) if renewed.get(i).copied().unwrap_or(false) => {
-                    lease.extend_validity(report.sent + lease.ttl - drift(lease.ttl).min(lease.ttl));
+                    lease
+                        .extend_validity(report.sent + lease.ttl - drift(lease.ttl).min(lease.ttl));
                     entry.next_renew = Some(report.sent + renew_interval(lease.ttl));
                     tracing::trace!(key = %lease.names.key, fence = lease.fence, "lease renewed");
                 }
@@ -289,7 +298,8 @@ impl Driver {
                         lose(lease, "renewals failed until the lease expired");
                         continue;
                     }
-                    let retry = (lease.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    let retry =
+                        (lease.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                     entry.next_renew = Some(now + retry);
                     tracing::warn!(key = %lease.names.key, fence = lease.fence, error = %e, "lease renewal failed; retrying");
                 }

@@ -1,6 +1,8 @@
 //! Test support for the lock-runtime suite: real Redis servers and a behaviour suite that runs
 //! unchanged on every store.
 
+pub mod attr_suite;
+pub mod jobs;
 pub mod server;
 pub mod store;
 pub mod suite;

@@ -36,7 +36,10 @@ impl TestStore {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Redis(server) => builder.redis(server.url()),
         };
-        builder.build().await.expect("building a runtime on the test store")
+        builder
+            .build()
+            .await
+            .expect("building a runtime on the test store")
     }
 
     /// Removes the record of `key` behind the holder's back (namespace `lock`).

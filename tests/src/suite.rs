@@ -94,7 +94,10 @@ pub async fn stale_guard_releases_nothing(store: &TestStore) {
         .expect("acquire")
         .expect("free");
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(stale.lease().is_lost(), "an expired, unrenewed lease is lost");
+    assert!(
+        stale.lease().is_lost(),
+        "an expired, unrenewed lease is lost"
+    );
     let fresh = b
         .lock("stale")
         .ttl(Duration::from_secs(10))
@@ -103,8 +106,15 @@ pub async fn stale_guard_releases_nothing(store: &TestStore) {
         .expect("acquire")
         .expect("the expired lock is free");
     assert!(fresh.lease().fence() > stale.lease().fence());
-    assert!(!stale.release().await.expect("release"), "a stale release reports false");
-    let info = b.inspect("stale").await.expect("inspect").expect("still held");
+    assert!(
+        !stale.release().await.expect("release"),
+        "a stale release reports false"
+    );
+    let info = b
+        .inspect("stale")
+        .await
+        .expect("inspect")
+        .expect("still held");
     assert_eq!(info.owner, b.owner(), "the new holder keeps the lock");
     assert_eq!(info.fence, fresh.lease().fence());
     assert!(fresh.release().await.expect("release"));
@@ -124,21 +134,38 @@ pub async fn watchdog_keeps_short_lease_alive(store: &TestStore) {
     let until = Instant::now() + Duration::from_secs(4);
     let mut attempts = 0;
     while Instant::now() < until {
-        let other = b.lock("watched").ttl(Duration::from_secs(1)).try_acquire().await.expect("try");
-        assert!(other.is_none(), "another runtime got a lock whose holder is alive");
+        let other = b
+            .lock("watched")
+            .ttl(Duration::from_secs(1))
+            .try_acquire()
+            .await
+            .expect("try");
+        assert!(
+            other.is_none(),
+            "another runtime got a lock whose holder is alive"
+        );
         attempts += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(attempts > 10);
     assert!(!guard.lease().is_lost());
-    assert!(guard.release().await.expect("release"), "still ours after 4 s");
+    assert!(
+        guard.release().await.expect("release"),
+        "still ours after 4 s"
+    );
 }
 
 /// Deleting the record behind a live lease is noticed within ttl/3 plus a margin.
 pub async fn deleted_record_is_reported_lost(store: &TestStore) {
     let a = store.runtime().await;
     let ttl = Duration::from_millis(900);
-    let guard = a.lock("doomed").ttl(ttl).try_acquire().await.expect("acquire").expect("free");
+    let guard = a
+        .lock("doomed")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
     let lease = guard.lease().clone();
     assert!(!lease.is_lost());
     store.delete_record("doomed").await;
@@ -148,7 +175,10 @@ pub async fn deleted_record_is_reported_lost(store: &TestStore) {
         .expect("lost() resolves within ttl/3 plus a margin");
     assert!(lease.is_lost());
     assert!(deleted_at.elapsed() <= ttl / 3 + Duration::from_secs(1));
-    assert!(!guard.release().await.expect("release"), "nothing of ours to release");
+    assert!(
+        !guard.release().await.expect("release"),
+        "nothing of ours to release"
+    );
 }
 
 /// Fences strictly increase across acquisitions from three runtimes.
@@ -166,7 +196,9 @@ pub async fn fences_strictly_increase(store: &TestStore) {
                     .await
                     .expect("acquire");
                 // Recorded inside the critical section: list order is acquisition order.
-                seen.lock().expect("not poisoned").push(guard.lease().fence());
+                seen.lock()
+                    .expect("not poisoned")
+                    .push(guard.lease().fence());
                 guard.release().await.expect("release");
             }
         }));
@@ -198,15 +230,24 @@ pub async fn min_hold_keeps_lock_after_release(store: &TestStore) {
     assert!(guard.release().await.expect("release"));
     let blocked = b.lock("min-hold").try_acquire().await.expect("try");
     if acquired.elapsed() < Duration::from_millis(1200) {
-        assert!(blocked.is_none(), "min_hold must keep the lock after an early release");
+        assert!(
+            blocked.is_none(),
+            "min_hold must keep the lock after an early release"
+        );
     }
     let got = b
         .lock("min-hold")
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("free after min_hold");
-    assert!(acquired.elapsed() >= Duration::from_millis(1400), "freed too early");
-    assert!(acquired.elapsed() < Duration::from_secs(4), "held until the ttl, not min_hold");
+    assert!(
+        acquired.elapsed() >= Duration::from_millis(1400),
+        "freed too early"
+    );
+    assert!(
+        acquired.elapsed() < Duration::from_secs(4),
+        "held until the ttl, not min_hold"
+    );
     got.release().await.expect("release");
 }
 
@@ -229,7 +270,13 @@ pub async fn dropped_future_releases_promptly(store: &TestStore) {
         })
     };
     rx.await.expect("holder acquired");
-    assert!(b.lock("dropped").try_acquire().await.expect("try").is_none());
+    assert!(
+        b.lock("dropped")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none()
+    );
     holder.abort();
     let start = Instant::now();
     let got = b
@@ -242,7 +289,11 @@ pub async fn dropped_future_releases_promptly(store: &TestStore) {
 
     // The same through tokio::time::timeout cancelling the holding future.
     let timed_out = tokio::time::timeout(Duration::from_millis(200), async {
-        let _guard = a.lock("dropped").ttl(Duration::from_secs(30)).acquire().await;
+        let _guard = a
+            .lock("dropped")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await;
         std::future::pending::<()>().await;
     })
     .await;
@@ -299,7 +350,10 @@ pub async fn waiter_wakes_on_release(store: &TestStore) {
         (Instant::now(), guard)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the waiter must wait while the lock is held");
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must wait while the lock is held"
+    );
     let released = Instant::now();
     assert!(guard.release().await.expect("release"));
     let (woke, got) = tokio::time::timeout(Duration::from_secs(5), waiter)
@@ -314,7 +368,12 @@ pub async fn waiter_wakes_on_release(store: &TestStore) {
 pub async fn wait_timeout_gives_up(store: &TestStore) {
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a.lock("busy").try_acquire().await.expect("acquire").expect("free");
+    let guard = a
+        .lock("busy")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
     let start = Instant::now();
     let err = b
         .lock("busy")
@@ -381,14 +440,32 @@ pub async fn inspect_shows_holder(store: &TestStore) {
 pub async fn shutdown_releases_everything(store: &TestStore) {
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let g1 = a.lock("sd-1").ttl(Duration::from_secs(30)).try_acquire().await.expect("acquire").expect("free");
-    let g2 = a.lock("sd-2").ttl(Duration::from_secs(30)).try_acquire().await.expect("acquire").expect("free");
+    let g1 = a
+        .lock("sd-1")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let g2 = a
+        .lock("sd-2")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
     a.shutdown().await;
     assert!(g1.lease().is_lost() && g2.lease().is_lost());
     for key in ["sd-1", "sd-2"] {
-        assert!(b.lock(key).try_acquire().await.expect("try").is_some(), "{key} freed by shutdown");
+        assert!(
+            b.lock(key).try_acquire().await.expect("try").is_some(),
+            "{key} freed by shutdown"
+        );
     }
-    assert!(matches!(a.lock("sd-3").try_acquire().await, Err(LockError::Shutdown)));
+    assert!(matches!(
+        a.lock("sd-3").try_acquire().await,
+        Err(LockError::Shutdown)
+    ));
     drop((g1, g2));
 }
 
@@ -421,9 +498,11 @@ pub async fn extend_and_max_hold(store: &TestStore) {
         .expect("renewals stop after max_hold and the lease is lost");
     // The holder's validity ends a drift margin before the store's record expires.
     let rt: LockRuntime = a.clone();
-    rt.lock("capped")
+    let retaken = rt
+        .lock("capped")
         .acquire_timeout(Duration::from_secs(2))
         .await
         .expect("the capped lease expired in the store too");
+    assert!(retaken.release().await.expect("release"));
     drop(capped);
 }

@@ -9,13 +9,20 @@ use lock_runtime::{LockError, LockRuntime, MemoryStore};
 use lock_tests::RedisServer;
 
 async fn memory_runtime() -> LockRuntime {
-    LockRuntime::builder().memory(MemoryStore::new()).build().await.expect("build")
+    LockRuntime::builder()
+        .memory(MemoryStore::new())
+        .build()
+        .await
+        .expect("build")
 }
 
 fn assert_config(result: Result<impl std::fmt::Debug, LockError>, needle: &str) {
     match result {
         Err(LockError::Config(message)) => {
-            assert!(message.contains(needle), "`{message}` should mention `{needle}`")
+            assert!(
+                message.contains(needle),
+                "`{message}` should mention `{needle}`"
+            )
         }
         other => panic!("expected a Config error mentioning `{needle}`, got {other:?}"),
     }
@@ -26,12 +33,27 @@ async fn bad_requests_are_config_errors() {
     let rt = memory_runtime().await;
     assert_config(rt.lock("").try_acquire().await, "must not be empty");
     assert_config(rt.lock("k".repeat(1025)).try_acquire().await, "1024 bytes");
-    assert!(rt.lock("k".repeat(1024)).try_acquire().await.expect("1 KiB is fine").is_some());
+    assert!(
+        rt.lock("k".repeat(1024))
+            .try_acquire()
+            .await
+            .expect("1 KiB is fine")
+            .is_some()
+    );
     assert_config(rt.lock("a{b}").try_acquire().await, "brace");
-    assert_config(rt.lock("line\nbreak").try_acquire().await, "control character");
-    assert_config(rt.lock("k").ttl(Duration::ZERO).try_acquire().await, "longer than zero");
     assert_config(
-        rt.lock("k").ttl(Duration::from_secs(400 * 24 * 3600)).try_acquire().await,
+        rt.lock("line\nbreak").try_acquire().await,
+        "control character",
+    );
+    assert_config(
+        rt.lock("k").ttl(Duration::ZERO).try_acquire().await,
+        "longer than zero",
+    );
+    assert_config(
+        rt.lock("k")
+            .ttl(Duration::from_secs(400 * 24 * 3600))
+            .try_acquire()
+            .await,
         "365 days",
     );
     assert_config(
@@ -51,7 +73,12 @@ async fn bad_requests_are_config_errors() {
         "max_hold",
     );
     assert_config(rt.inspect("").await, "must not be empty");
-    let held = rt.lock("ext").try_acquire().await.expect("acquire").expect("free");
+    let held = rt
+        .lock("ext")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
     assert_config(held.extend(Duration::ZERO).await, "longer than zero");
 }
 
@@ -67,24 +94,46 @@ async fn bad_builders_are_config_errors() {
         "two stores",
     );
     assert_config(
-        LockRuntime::builder().memory(MemoryStore::new()).namespace("").build().await,
+        LockRuntime::builder()
+            .memory(MemoryStore::new())
+            .namespace("")
+            .build()
+            .await,
         "namespace must not be empty",
     );
     assert_config(
-        LockRuntime::builder().memory(MemoryStore::new()).namespace("a{b").build().await,
+        LockRuntime::builder()
+            .memory(MemoryStore::new())
+            .namespace("a{b")
+            .build()
+            .await,
         "brace",
     );
     assert_config(
-        LockRuntime::builder().memory(MemoryStore::new()).default_ttl(Duration::ZERO).build().await,
+        LockRuntime::builder()
+            .memory(MemoryStore::new())
+            .default_ttl(Duration::ZERO)
+            .build()
+            .await,
         "default_ttl",
     );
     assert_config(
-        LockRuntime::builder().memory(MemoryStore::new()).owner("").build().await,
+        LockRuntime::builder()
+            .memory(MemoryStore::new())
+            .owner("")
+            .build()
+            .await,
         "owner must not be empty",
     );
-    assert_config(LockRuntime::builder().redis("not a url").build().await, "cannot use Redis URL");
     assert_config(
-        LockRuntime::builder().redis("http://127.0.0.1:6379").build().await,
+        LockRuntime::builder().redis("not a url").build().await,
+        "cannot use Redis URL",
+    );
+    assert_config(
+        LockRuntime::builder()
+            .redis("http://127.0.0.1:6379")
+            .build()
+            .await,
         "cannot use Redis URL",
     );
 }
@@ -92,7 +141,11 @@ async fn bad_builders_are_config_errors() {
 #[tokio::test]
 async fn unreachable_server_fails_within_the_connect_timeout() {
     // A port that was free a moment ago: connection refused.
-    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
     let start = Instant::now();
     let err = LockRuntime::builder()
         .redis(format!("redis://127.0.0.1:{port}"))
@@ -102,7 +155,11 @@ async fn unreachable_server_fails_within_the_connect_timeout() {
         .expect_err("nothing listens there");
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
     assert!(err.to_string().contains("cannot connect"), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
 
     // A listener that accepts and never answers: bounded by the timeout, too.
     let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -115,7 +172,11 @@ async fn unreachable_server_fails_within_the_connect_timeout() {
         .await
         .expect_err("a silent server");
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
-    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        start.elapsed()
+    );
     drop(silent);
 }
 
@@ -157,11 +218,18 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
 
     // Right password on a closed port, percent-encoded too.
-    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
     for url in [
         format!("redis://user:{SECRET}@127.0.0.1:{port}"),
         format!("redis://:{SECRET}@127.0.0.1:{port}/0"),
-        format!("redis://user:{}@127.0.0.1:{port}", SECRET.replace('-', "%2D")),
+        format!(
+            "redis://user:{}@127.0.0.1:{port}",
+            SECRET.replace('-', "%2D")
+        ),
         format!("redis://user:{SECRET}@"),
         format!("bogus://user:{SECRET}@host"),
     ] {
@@ -183,12 +251,20 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
 
     // The right password works, and its runtime's Debug shows no secret.
     let good = LockRuntime::builder()
-        .redis(format!("redis://default:{SECRET}@127.0.0.1:{}", server.port()))
+        .redis(format!(
+            "redis://default:{SECRET}@127.0.0.1:{}",
+            server.port()
+        ))
         .build()
         .await
         .expect("the right password connects");
     texts.push(format!("{good:?}"));
-    let guard = good.lock("secretive").try_acquire().await.expect("acquire").expect("free");
+    let guard = good
+        .lock("secretive")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
     drop(guard);
     good.shutdown().await;
 
@@ -196,7 +272,13 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
     texts.push(logs);
     for text in &texts {
         assert!(!text.contains(SECRET), "a password leaked: {text}");
-        assert!(!text.contains("s3cr3t%2DPa55"), "an encoded password leaked: {text}");
+        assert!(
+            !text.contains("s3cr3t%2DPa55"),
+            "an encoded password leaked: {text}"
+        );
     }
-    assert!(texts.iter().any(|t| t.contains("***")), "URLs are shown redacted");
+    assert!(
+        texts.iter().any(|t| t.contains("***")),
+        "URLs are shown redacted"
+    );
 }

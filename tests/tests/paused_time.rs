@@ -7,8 +7,16 @@ use lock_runtime::{LockRuntime, MemoryStore};
 #[tokio::test(start_paused = true)]
 async fn memory_store_ttl_is_deterministic_under_paused_time() {
     let store = MemoryStore::new();
-    let a = LockRuntime::builder().memory(store.clone()).build().await.expect("build");
-    let b = LockRuntime::builder().memory(store).build().await.expect("build");
+    let a = LockRuntime::builder()
+        .memory(store.clone())
+        .build()
+        .await
+        .expect("build");
+    let b = LockRuntime::builder()
+        .memory(store)
+        .build()
+        .await
+        .expect("build");
 
     let unrenewed = a
         .lock("report")
@@ -20,10 +28,18 @@ async fn memory_store_ttl_is_deterministic_under_paused_time() {
         .expect("free");
     let start = tokio::time::Instant::now();
     tokio::time::advance(Duration::from_millis(59_999)).await;
-    assert!(b.lock("report").try_acquire().await.expect("try").is_none(), "1 ms before expiry");
+    assert!(
+        b.lock("report").try_acquire().await.expect("try").is_none(),
+        "1 ms before expiry"
+    );
     tokio::time::advance(Duration::from_millis(1)).await;
     assert!(unrenewed.lease().is_lost());
-    let taken = b.lock("report").try_acquire().await.expect("try").expect("expired at exactly 60 s");
+    let taken = b
+        .lock("report")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("expired at exactly 60 s");
     // Only virtual time passed.
     assert_eq!(start.elapsed(), Duration::from_secs(60));
     drop(taken);
@@ -38,6 +54,12 @@ async fn memory_store_ttl_is_deterministic_under_paused_time() {
         .expect("free");
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(!renewed.lease().is_lost());
-    assert!(b.lock("renewed").try_acquire().await.expect("try").is_none());
+    assert!(
+        b.lock("renewed")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none()
+    );
     assert!(renewed.release().await.expect("release"));
 }

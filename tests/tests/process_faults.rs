@@ -35,13 +35,27 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
     let runtime = store.runtime().await;
     // Held across several ttl/3 renewals by the live holder.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
-    assert!(runtime.lock("job").try_acquire().await.expect("try").is_none());
+    assert!(
+        runtime
+            .lock("job")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none()
+    );
 
     holder.start_kill().expect("SIGKILL the holder");
     holder.wait().await.expect("reaping the holder");
     let killed = Instant::now();
     // Right after the kill the record is still there: nobody released it.
-    assert!(runtime.lock("job").try_acquire().await.expect("try").is_none());
+    assert!(
+        runtime
+            .lock("job")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none()
+    );
     let guard = runtime
         .lock("job")
         .acquire_timeout(ttl + Duration::from_secs(3))

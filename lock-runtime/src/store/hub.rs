@@ -86,7 +86,10 @@ impl std::fmt::Debug for ReleaseWatch {
 }
 
 impl ReleaseWatch {
-    pub(crate) fn new(notify: Arc<Notify>, on_drop: Option<Box<dyn FnOnce() + Send + Sync>>) -> Self {
+    pub(crate) fn new(
+        notify: Arc<Notify>,
+        on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    ) -> Self {
         ReleaseWatch { notify, on_drop }
     }
 }

@@ -118,10 +118,11 @@ impl MemoryStore {
         owner: &str,
         ttl: Duration,
         min_hold: Duration,
+        once: bool,
     ) -> AcquireOutcome {
         let now = Instant::now();
         let mut state = self.state();
-        if let Some(pttl) = state.done_remaining(&names.done, now) {
+        if once && let Some(pttl) = state.done_remaining(&names.done, now) {
             return AcquireOutcome::Done { pttl: Some(pttl) };
         }
         if let Some(held) = state.live(&names.record, now) {

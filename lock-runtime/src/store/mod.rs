@@ -9,8 +9,8 @@ mod hub;
 mod memory;
 mod redis;
 
-pub use memory::MemoryStore;
 pub(crate) use hub::{ReleaseHub, ReleaseWatch};
+pub use memory::MemoryStore;
 pub(crate) use redis::{RedisBackend, RedisOptions};
 
 /// The store keys of one lock: `<ns>:{<key>}` and its companions. The braces are a Redis
@@ -77,8 +77,10 @@ pub(crate) struct RecordView {
     pub(crate) held_for: Duration,
 }
 
-/// The store of one runtime.
+/// The store of one runtime. Held behind an `Arc`, so the size difference between variants
+/// costs nothing per call.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     Redis(RedisBackend),
     Memory(MemoryStore),
@@ -92,10 +94,11 @@ impl Backend {
         owner: &str,
         ttl: Duration,
         min_hold: Duration,
+        once: bool,
     ) -> Result<AcquireOutcome, LockError> {
         match self {
-            Backend::Redis(r) => r.acquire(names, token, owner, ttl, min_hold).await,
-            Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold)),
+            Backend::Redis(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
+            Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold, once)),
         }
     }
 

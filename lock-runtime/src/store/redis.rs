@@ -147,7 +147,12 @@ impl RedisBackend {
     }
 
     fn error(&self, context: &str, e: redis::RedisError) -> LockError {
-        BackendError::redis(&format!("{context} (Redis at `{}`)", self.shown_url), e, &self.secrets).into()
+        BackendError::redis(
+            &format!("{context} (Redis at `{}`)", self.shown_url),
+            e,
+            &self.secrets,
+        )
+        .into()
     }
 
     pub(crate) async fn acquire(
@@ -157,6 +162,7 @@ impl RedisBackend {
         owner: &str,
         ttl: Duration,
         min_hold: Duration,
+        once: bool,
     ) -> Result<AcquireOutcome, LockError> {
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = self
@@ -169,6 +175,7 @@ impl RedisBackend {
             .arg(owner)
             .arg(millis_ceil(ttl))
             .arg(millis_ceil(min_hold))
+            .arg(if once { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("acquire of `{}` failed", names.key), e))?;
@@ -263,14 +270,18 @@ impl RedisBackend {
                 value_text(kind)
             ))
             .into()),
-            [owner, Value::Int(fence), Value::Int(acquired), Value::Int(pttl), Value::Int(now)] => {
-                Ok(Some(RecordView {
-                    owner: value_text(owner),
-                    fence: u64::try_from(*fence).unwrap_or(0),
-                    remaining: pttl_of(*pttl),
-                    held_for: Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
-                }))
-            }
+            [
+                owner,
+                Value::Int(fence),
+                Value::Int(acquired),
+                Value::Int(pttl),
+                Value::Int(now),
+            ] => Ok(Some(RecordView {
+                owner: value_text(owner),
+                fence: u64::try_from(*fence).unwrap_or(0),
+                remaining: pttl_of(*pttl),
+                held_for: Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
+            })),
             _ => Err(BackendError::msg(format!(
                 "inspect of `{}` got an unexpected reply from Redis",
                 names.key
@@ -298,7 +309,10 @@ impl RedisBackend {
         Ok(ReleaseWatch::new(
             notify,
             Some(Box::new(move || {
-                if hub.upgrade().is_some_and(|hub| hub.forget_if_unwatched(&channel)) {
+                if hub
+                    .upgrade()
+                    .is_some_and(|hub| hub.forget_if_unwatched(&channel))
+                {
                     let _ = unsubscribe.send(channel);
                 }
             })),
@@ -314,7 +328,10 @@ impl RedisBackend {
             .clone()
             .into_connection_info()
             .map_err(|e| self.error("cannot set up the subscriber", e))?;
-        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         let client = Client::open(info.set_redis_settings(settings))
             .map_err(|e| self.error("cannot set up the subscriber", e))?;
         let (push_tx, mut push_rx) = mpsc::unbounded_channel();
@@ -394,12 +411,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push(hi * 16 + lo);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(hi * 16 + lo);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

@@ -1,9 +1,10 @@
 -- Take a lock if it is free, in one round trip.
 -- KEYS[1] record hash   KEYS[2] fence counter   KEYS[3] done marker
 -- ARGV[1] token   ARGV[2] owner   ARGV[3] ttl ms   ARGV[4] min_hold ms
+-- ARGV[5] '1' when the request uses `once` (only then is the done marker consulted)
 -- Returns {1, fence} acquired | {0, pttl} held | {2, pttl} done marker present
 --       | {3, type} a foreign value sits at the record key
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
   return {2, redis.call('PTTL', KEYS[3])}
 end
 local pttl = redis.call('PTTL', KEYS[1])

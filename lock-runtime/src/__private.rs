@@ -1,0 +1,344 @@
+//! Support for the code `#[distributed_lock]` generates. Not public API: hidden from the docs
+//! and outside semver; only the macro of the same version may call it.
+
+use std::fmt::{self, Display};
+use std::future::Future;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::context::{held_lease, with_lease};
+use crate::request::TryOutcome;
+use crate::store::KeyNames;
+use crate::{LockError, LockRuntime};
+
+/// The contention policy of one annotated function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contention {
+    /// Return "did not run" when the lock is held elsewhere.
+    Skip,
+    /// Wait for the lock (optionally bounded by `wait_timeout_ms`).
+    Wait,
+    /// Return `LockError::Contended`.
+    Error,
+}
+
+/// Everything one call of an annotated function needs, built by the generated code.
+#[derive(Debug)]
+pub struct LockSpec {
+    /// The key with its placeholders filled in.
+    pub key: String,
+    /// `None`: the runtime's default ttl.
+    pub ttl_ms: Option<u64>,
+    /// Zero: no min_hold.
+    pub min_hold_ms: u64,
+    /// `None`: renew for as long as the body runs.
+    pub max_hold_ms: Option<u64>,
+    /// What to do when the lock is held elsewhere.
+    pub contention: Contention,
+    /// With `Contention::Wait`: give up after this long (`None`: wait forever).
+    pub wait_timeout_ms: Option<u64>,
+    /// Renew the lease while the body runs.
+    pub watchdog: bool,
+    /// Drop the body future when the lease is lost.
+    pub abort_on_lost: bool,
+    /// After a successful run, keep a done marker this long and skip calls meanwhile.
+    pub once_ms: Option<u64>,
+}
+
+/// Formats the key from `format_args!`.
+pub fn format_key(args: fmt::Arguments<'_>) -> String {
+    fmt::format(args)
+}
+
+/// A value a key placeholder may name: anything that implements `Display`.
+#[diagnostic::on_unimplemented(
+    message = "a `key` placeholder names a value of type `{Self}`, which does not implement `Display`",
+    label = "this key has a placeholder whose value cannot be formatted",
+    note = "placeholders are formatted with `Display`: implement it for `{Self}`, or name a field that has it, e.g. `{{account.id}}`"
+)]
+pub trait KeyPart {
+    /// Writes the value into the key.
+    fn fmt_key_part(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+impl<T: Display + ?Sized> KeyPart for T {
+    fn fmt_key_part(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Display::fmt(self, f)
+    }
+}
+
+/// Adapts a [`KeyPart`] for `format_args!`.
+#[derive(Debug)]
+pub struct KeyArg<'a, T: ?Sized>(&'a T);
+
+impl<T: KeyPart + ?Sized> Display for KeyArg<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt_key_part(f)
+    }
+}
+
+/// Wraps a placeholder's value; fails to compile, with a plain message, unless it is `Display`.
+pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> KeyArg<'_, T> {
+    KeyArg(value)
+}
+
+/// A return type that can carry a [`LockError`] when the body did not run.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` cannot report a lock error through the return type `{Self}`",
+    label = "this return type cannot say that the lock was not obtained",
+    note = "use `()` or `Option<T>` (the error is logged with tracing::error!), or `Result<T, E>` where `E: From<lock_runtime::LockError>` (anyhow::Error qualifies)"
+)]
+pub trait LockErrorReturn: Sized {
+    /// The value returned when a lock error kept the body from running (or stopped it).
+    fn from_lock_error(error: LockError, key: &str) -> Self;
+    /// Whether the body's result counts as success (for `once`).
+    fn succeeded(&self) -> bool;
+}
+
+impl LockErrorReturn for () {
+    fn from_lock_error(error: LockError, key: &str) {
+        tracing::error!(key, error = %error, "locked call did not complete");
+    }
+    fn succeeded(&self) -> bool {
+        true
+    }
+}
+
+impl<T> LockErrorReturn for Option<T> {
+    fn from_lock_error(error: LockError, key: &str) -> Self {
+        tracing::error!(key, error = %error, "locked call did not complete");
+        None
+    }
+    fn succeeded(&self) -> bool {
+        self.is_some()
+    }
+}
+
+impl<T, E: From<LockError>> LockErrorReturn for Result<T, E> {
+    fn from_lock_error(error: LockError, _key: &str) -> Self {
+        Err(E::from(error))
+    }
+    fn succeeded(&self) -> bool {
+        self.is_ok()
+    }
+}
+
+/// A return type that can say "skipped: another instance holds the lock".
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` with on_contention = \"skip\" (or `once`) needs a return type that can say \"did not run\"; `{Self}` cannot",
+    label = "a skipped call has nothing of this type to return",
+    note = "use `()`, `Option<T>` (None when skipped), or `Result<(), E>` / `Result<Option<T>, E>` (Ok(()) / Ok(None) when skipped); or choose on_contention = \"wait\" or \"error\""
+)]
+pub trait SkipReturn {
+    /// The value of a skipped call.
+    fn skipped() -> Self;
+}
+
+impl SkipReturn for () {
+    fn skipped() -> Self {}
+}
+
+impl<T> SkipReturn for Option<T> {
+    fn skipped() -> Self {
+        None
+    }
+}
+
+impl<T: SkipValue, E> SkipReturn for Result<T, E> {
+    fn skipped() -> Self {
+        Ok(T::skipped_value())
+    }
+}
+
+/// The `Ok` value of a skipped call returning `Result`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` with on_contention = \"skip\" (or `once`) returns `Ok(..)` when it skips, but `{Self}` has no \"skipped\" value",
+    label = "a skipped call has no `{Self}` to put in `Ok(..)`",
+    note = "return `Result<(), E>` or `Result<Option<T>, E>`, or choose on_contention = \"wait\" or \"error\""
+)]
+pub trait SkipValue {
+    /// `()` or `None`.
+    fn skipped_value() -> Self;
+}
+
+impl SkipValue for () {
+    fn skipped_value() -> Self {}
+}
+
+impl<T> SkipValue for Option<T> {
+    fn skipped_value() -> Self {
+        None
+    }
+}
+
+/// How a call returns when its body did not run. Built by [`skip_policy`] or
+/// [`error_policy`], whose trait bounds are the only place a wrong return type is reported:
+/// one mistake, one error, spanned on the return type.
+#[derive(Debug)]
+pub struct ReturnPolicy<R> {
+    skipped: Option<fn() -> R>,
+    from_error: fn(LockError, &str) -> R,
+    succeeded: fn(&R) -> bool,
+}
+
+/// The policy for on_contention = "skip" (and for any policy with `once`).
+pub fn skip_policy<R: SkipReturn + LockErrorReturn>() -> ReturnPolicy<R> {
+    ReturnPolicy {
+        skipped: Some(R::skipped),
+        from_error: R::from_lock_error,
+        succeeded: R::succeeded,
+    }
+}
+
+/// The policy for on_contention = "wait" and "error".
+pub fn error_policy<R: LockErrorReturn>() -> ReturnPolicy<R> {
+    ReturnPolicy {
+        skipped: None,
+        from_error: R::from_lock_error,
+        succeeded: R::succeeded,
+    }
+}
+
+enum Outcome<R> {
+    Ran(R),
+    Skipped,
+    Failed(LockError),
+}
+
+/// Runs `body` under the lock described by `spec`.
+pub async fn run<R, F>(policy: ReturnPolicy<R>, spec: LockSpec, body: F) -> R
+where
+    F: Future<Output = R>,
+{
+    let key = spec.key.clone();
+    match execute(spec, body, policy.succeeded).await {
+        Outcome::Ran(r) => r,
+        Outcome::Skipped => match policy.skipped {
+            Some(skipped) => skipped(),
+            // Only a done marker skips without the skip policy, and the macro gives `once`
+            // the skip policy; kept total all the same.
+            None => (policy.from_error)(LockError::Contended { key: key.clone() }, &key),
+        },
+        Outcome::Failed(e) => (policy.from_error)(e, &key),
+    }
+}
+
+async fn execute<R, F>(spec: LockSpec, body: F, succeeded: fn(&R) -> bool) -> Outcome<R>
+where
+    F: Future<Output = R>,
+{
+    let span = tracing::debug_span!(
+        "distributed_lock",
+        key = %spec.key,
+        policy = ?spec.contention,
+        fence = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let outcome = execute_in_span(&spec, body, succeeded, &span)
+        .instrument(span.clone())
+        .await;
+    let label = match &outcome {
+        Outcome::Ran(_) => "ran",
+        Outcome::Skipped => "skipped",
+        Outcome::Failed(LockError::Contended { .. }) => "contended",
+        Outcome::Failed(LockError::WaitTimeout { .. }) => "wait_timeout",
+        Outcome::Failed(LockError::Lost { .. }) => "lost",
+        Outcome::Failed(_) => "error",
+    };
+    span.record("outcome", label);
+    outcome
+}
+
+async fn execute_in_span<R, F>(
+    spec: &LockSpec,
+    body: F,
+    succeeded: fn(&R) -> bool,
+    span: &tracing::Span,
+) -> Outcome<R>
+where
+    F: Future<Output = R>,
+{
+    let runtime = match LockRuntime::current() {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(e),
+    };
+    // Re-entrant per task: a nested call for a key this task holds runs directly.
+    let names = KeyNames::new(&runtime.inner.namespace, &spec.key);
+    if let Some(lease) = held_lease(runtime.inner.id, &names.record)
+        && !lease.is_lost()
+    {
+        tracing::trace!("re-entrant call; the lock is already held by this task");
+        return Outcome::Ran(body.await);
+    }
+    let mut request = runtime
+        .lock(spec.key.clone())
+        .min_hold(Duration::from_millis(spec.min_hold_ms))
+        .watchdog(spec.watchdog);
+    if let Some(ms) = spec.ttl_ms {
+        request = request.ttl(Duration::from_millis(ms));
+    }
+    if let Some(ms) = spec.max_hold_ms {
+        request = request.max_hold(Duration::from_millis(ms));
+    }
+    if let Some(ms) = spec.once_ms {
+        request = request.once(Duration::from_millis(ms));
+    }
+    let guard = match spec.contention {
+        Contention::Skip | Contention::Error => match request.try_acquire_detailed().await {
+            Ok(TryOutcome::Acquired(guard)) => guard,
+            Ok(TryOutcome::Done) => return Outcome::Skipped,
+            Ok(TryOutcome::Held) if spec.contention == Contention::Skip => {
+                tracing::debug!(key = %spec.key, "lock held elsewhere; skipping");
+                return Outcome::Skipped;
+            }
+            Ok(TryOutcome::Held) => {
+                return Outcome::Failed(LockError::Contended {
+                    key: spec.key.clone(),
+                });
+            }
+            Err(e) => return Outcome::Failed(e),
+        },
+        Contention::Wait => {
+            let waited = match spec.wait_timeout_ms {
+                Some(ms) => request.acquire_timeout(Duration::from_millis(ms)).await,
+                None => request.acquire().await,
+            };
+            match waited {
+                Ok(guard) => guard,
+                Err(LockError::AlreadyDone { .. }) => return Outcome::Skipped,
+                Err(e) => return Outcome::Failed(e),
+            }
+        }
+    };
+    let lease = guard.lease().clone();
+    span.record("fence", lease.fence());
+    let body = with_lease(lease.clone(), body);
+    let result = if spec.abort_on_lost {
+        tokio::pin!(body);
+        tokio::select! {
+            biased;
+            r = &mut body => Some(r),
+            _ = lease.lost() => None,
+        }
+    } else {
+        Some(body.await)
+    };
+    let Some(result) = result else {
+        // The body future is dropped here, before the release the guard's drop starts.
+        tracing::warn!(key = %spec.key, fence = lease.fence(), "lease lost; the locked body was stopped");
+        drop(guard);
+        return Outcome::Failed(LockError::Lost {
+            key: spec.key.clone(),
+        });
+    };
+    let released = if spec.once_ms.is_some() && succeeded(&result) {
+        guard.complete().await
+    } else {
+        guard.release().await
+    };
+    if let Err(e) = released {
+        tracing::warn!(key = %spec.key, error = %e, "release after the locked body failed; the lease will expire by its ttl");
+    }
+    Outcome::Ran(result)
+}

@@ -1,0 +1,342 @@
+//! The attribute's behaviour, run once per store (see `attribute_suite!`). Each case runs
+//! inside `LockRuntime::scope` of runtimes built on the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_runtime::LockError;
+use tokio::sync::{Barrier, Semaphore};
+use tokio::time::Instant;
+
+use crate::TestStore;
+use crate::jobs::*;
+
+/// Generates one `#[tokio::test]` per attribute case for the store made by `$make`.
+#[macro_export]
+macro_rules! attribute_suite {
+    ($make:expr) => {
+        $crate::attribute_suite!(@cases $make;
+            attr_skip_returns_without_running,
+            attr_error_returns_contended,
+            attr_wait_runs_after_release_and_times_out,
+            attr_abort_stops_the_body_on_loss,
+            attr_continue_lets_the_body_finish,
+            attr_min_hold_outlives_the_call,
+            attr_is_reentrant,
+            attr_param_keys_lock_per_argument,
+            attr_panic_and_cancel_release_at_once,
+            attr_once_skips_after_success_only,
+            attr_methods_and_generics,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let store = $make;
+                $crate::attr_suite::$case(&store).await;
+            }
+        )*
+    };
+}
+
+fn counter() -> Arc<AtomicU64> {
+    Arc::new(AtomicU64::new(0))
+}
+
+/// skip: a held lock makes the call return "did not run" in each return shape.
+pub async fn attr_skip_returns_without_running(store: &TestStore) {
+    let holder = store.runtime().await;
+    let caller = store.runtime().await;
+    let runs = counter();
+
+    let free = caller.scope(skip_job("a", runs.clone())).await;
+    assert!(free.is_some(), "a free lock runs the body");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let _g1 = holder
+        .lock("skip:a")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let _g2 = holder
+        .lock("skip-unit:a")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let _g3 = holder
+        .lock("skip-result:a")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert_eq!(caller.scope(skip_job("a", runs.clone())).await, None);
+    caller.scope(skip_unit_job("a", runs.clone())).await;
+    caller
+        .scope(skip_result_job("a", runs.clone()))
+        .await
+        .expect("a skip is Ok(())");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no skipped body ran");
+}
+
+/// error: a held lock gives `LockError::Contended`.
+pub async fn attr_error_returns_contended(store: &TestStore) {
+    let holder = store.runtime().await;
+    let caller = store.runtime().await;
+    let runs = counter();
+    let guard = holder
+        .lock("error:b")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    match caller.scope(error_job("b", runs.clone())).await {
+        Err(LockError::Contended { key }) => assert_eq!(key, "error:b"),
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    guard.release().await.expect("release");
+    assert_eq!(
+        caller
+            .scope(error_job("b", runs.clone()))
+            .await
+            .expect("free now"),
+        1
+    );
+}
+
+/// wait: the body runs once the holder releases; a holder that keeps it past wait_timeout
+/// gives WaitTimeout.
+pub async fn attr_wait_runs_after_release_and_times_out(store: &TestStore) {
+    let holder = store.runtime().await;
+    let caller = store.runtime().await;
+    let runs = counter();
+    let guard = holder
+        .lock("wait:c")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiting = tokio::spawn(caller.scope(wait_job("c", runs.clone())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "waits while held");
+    guard.release().await.expect("release");
+    tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("runs soon after the release")
+        .expect("task")
+        .expect("ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let _held = holder
+        .lock("wait:c")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let start = Instant::now();
+    match caller.scope(wait_job("c", runs.clone())).await {
+        Err(LockError::WaitTimeout { waited, .. }) => assert!(waited >= Duration::from_secs(3)),
+        other => panic!("expected WaitTimeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(8));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// on_lost = "abort": losing the lease stops the body; its side effects stop.
+pub async fn attr_abort_stops_the_body_on_loss(store: &TestStore) {
+    let caller = store.runtime().await;
+    let ticks = counter();
+    let running = tokio::spawn(caller.scope(endless_job("d", ticks.clone())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(ticks.load(Ordering::SeqCst) > 0, "the body runs");
+    store.delete_record("abort:d").await;
+    let result = tokio::time::timeout(Duration::from_secs(3), running)
+        .await
+        .expect("the body is stopped within ttl/3 plus a margin")
+        .expect("task");
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    let after = ticks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        after,
+        "no side effects after the abort"
+    );
+}
+
+/// on_lost = "continue": the body finishes and can see that its lease was lost.
+pub async fn attr_continue_lets_the_body_finish(store: &TestStore) {
+    let caller = store.runtime().await;
+    let running = tokio::spawn(caller.scope(stubborn_job("e", Duration::from_millis(1500))));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.delete_record("continue:e").await;
+    let result = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("finishes")
+        .expect("task");
+    assert_eq!(
+        result.expect("the body's own result"),
+        Some(true),
+        "it ran to the end, lease lost"
+    );
+}
+
+/// min_hold: the lock stays held after the call returns, until min_hold has passed.
+pub async fn attr_min_hold_outlives_the_call(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let runs = counter();
+    let start = Instant::now();
+    a.scope(min_hold_job("f", runs.clone())).await;
+    b.scope(min_hold_job("f", runs.clone())).await;
+    if start.elapsed() < Duration::from_millis(1200) {
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the second call skips during min_hold"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(start.elapsed())).await;
+    b.scope(min_hold_job("f", runs.clone())).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "runs again once min_hold has passed"
+    );
+}
+
+/// A nested call for a key the task holds runs directly (no deadlock, no contention).
+pub async fn attr_is_reentrant(store: &TestStore) {
+    let caller = store.runtime().await;
+    let runs = counter();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        caller.scope(outer_job("g", runs.clone())),
+    )
+    .await
+    .expect("no deadlock")
+    .expect("both levels ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// `{param}` keys: post(1) and post(2) run concurrently; a second post(1) skips.
+pub async fn attr_param_keys_lock_per_argument(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let runs = counter();
+    let inside = Arc::new(Barrier::new(3));
+    let finish = Arc::new(Semaphore::new(0));
+    let one = tokio::spawn(a.scope(post("h", 1, inside.clone(), finish.clone(), runs.clone())));
+    let two = tokio::spawn(b.scope(post("h", 2, inside.clone(), finish.clone(), runs.clone())));
+    tokio::time::timeout(Duration::from_secs(5), inside.wait())
+        .await
+        .expect("post(1) and post(2) are inside their bodies at the same time");
+    let again = b
+        .scope(post(
+            "h",
+            1,
+            Arc::new(Barrier::new(1)),
+            Arc::new(Semaphore::new(1)),
+            runs.clone(),
+        ))
+        .await;
+    assert_eq!(again, None, "post(1) while post(1) runs is skipped");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the skipped body did not run"
+    );
+    finish.add_permits(2);
+    assert_eq!(one.await.expect("task"), Some(()));
+    assert_eq!(two.await.expect("task"), Some(()));
+}
+
+/// A body that panics, or a call that is cancelled, frees its lock at once, not after its ttl.
+pub async fn attr_panic_and_cancel_release_at_once(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let panicked = tokio::spawn(a.scope(panicking_job("i"))).await;
+    assert!(panicked.expect_err("the body panicked").is_panic());
+    b.lock("panic:i")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect("free within a second of the panic (ttl is 30 s)")
+        .release()
+        .await
+        .expect("release");
+
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(300), a.scope(hanging_job("i"))).await;
+    assert!(cancelled.is_err(), "the call was cancelled by the timeout");
+    b.lock("cancel:i")
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .expect("free within a second of the cancellation (ttl is 30 s)")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// once: a successful run leaves a done marker that skips later calls, even after the lock
+/// is free; a failed run leaves none.
+pub async fn attr_once_skips_after_success_only(store: &TestStore) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let runs = counter();
+    assert!(
+        a.scope(once_job("j", true, runs.clone())).await.is_err(),
+        "the failing run"
+    );
+    a.scope(once_job("j", false, runs.clone()))
+        .await
+        .expect("the first success");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "a failure leaves no marker");
+    b.scope(once_job("j", false, runs.clone()))
+        .await
+        .expect("skipped is Ok(())");
+    a.scope(once_job("j", false, runs.clone()))
+        .await
+        .expect("skipped is Ok(())");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "done: later calls skip");
+    assert!(
+        b.inspect("once:j").await.expect("inspect").is_none(),
+        "the lock itself is free"
+    );
+}
+
+/// Methods (`&self`, `&mut self` with `{self.field}`) and generic functions.
+pub async fn attr_methods_and_generics(store: &TestStore) {
+    let rt = store.runtime().await;
+    rt.scope(async {
+        let mut ledger = Ledger {
+            name: "main".into(),
+            postings: 0,
+        };
+        assert_eq!(ledger.post(5).await.expect("post"), 5);
+        assert_eq!(ledger.post(2).await.expect("post"), 7);
+        assert_eq!(ledger.read().await, Some(7));
+        assert_eq!(generic_job(42).await.expect("ran"), "ran 42");
+        assert_eq!(generic_job("x").await.expect("ran"), "ran x");
+    })
+    .await;
+    let held = rt
+        .lock("ledger:main")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut ledger = Ledger {
+        name: "main".into(),
+        postings: 0,
+    };
+    assert!(matches!(
+        rt.scope(ledger.post(1)).await,
+        Err(LockError::Contended { .. })
+    ));
+    assert_eq!(ledger.postings, 0, "the contended body did not run");
+    held.release().await.expect("release");
+}
