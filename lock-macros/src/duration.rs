@@ -19,8 +19,11 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
             .parse()
             .map_err(|_| format!("`{text}`: the number `{}` is too large", &rest[..digits]))?;
         rest = &rest[digits..];
-        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let unit = &rest[..unit_len];
+        // The unit runs to the next digit; spaces inside it make it unknown, not missing.
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = rest[..unit_len].trim();
         let scale: u64 = match unit {
             "ms" => 1,
             "s" => 1_000,
@@ -66,7 +69,7 @@ mod tests {
         assert!(parse_millis("").is_err());
         assert!(parse_millis("60").is_err());
         assert!(parse_millis("s").is_err());
-        assert!(parse_millis("5 minutes").is_err());
+        assert!(parse_millis("5 minutes").is_err_and(|e| e.contains("unknown unit `minutes`")));
         assert!(parse_millis("10y").is_err());
         assert!(parse_millis("99999999999999999999s").is_err());
         assert!(parse_millis("999999999999999d").is_err());

@@ -68,18 +68,24 @@ impl<T: Display + ?Sized> KeyPart for T {
     }
 }
 
-/// Adapts a [`KeyPart`] for `format_args!`.
-#[derive(Debug)]
-pub struct KeyArg<'a, T: ?Sized>(&'a T);
+/// Adapts a [`KeyPart`] for `format_args!`. Its `Display` has no bounds, so a placeholder
+/// that is not `Display` fails only at [`key_part`]: one mistake, one error.
+pub struct KeyArg<'a>(&'a dyn KeyPart);
 
-impl<T: KeyPart + ?Sized> Display for KeyArg<'_, T> {
+impl fmt::Debug for KeyArg<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyArg")
+    }
+}
+
+impl Display for KeyArg<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt_key_part(f)
     }
 }
 
 /// Wraps a placeholder's value; fails to compile, with a plain message, unless it is `Display`.
-pub fn key_part<T: KeyPart + ?Sized>(value: &T) -> KeyArg<'_, T> {
+pub fn key_part<T: KeyPart>(value: &T) -> KeyArg<'_> {
     KeyArg(value)
 }
 
@@ -130,7 +136,7 @@ impl<T, E: From<LockError>> LockErrorReturn for Result<T, E> {
     label = "a skipped call has nothing of this type to return",
     note = "use `()`, `Option<T>` (None when skipped), or `Result<(), E>` / `Result<Option<T>, E>` (Ok(()) / Ok(None) when skipped); or choose on_contention = \"wait\" or \"error\""
 )]
-pub trait SkipReturn {
+pub trait SkipReturn: LockErrorReturn {
     /// The value of a skipped call.
     fn skipped() -> Self;
 }
@@ -145,7 +151,7 @@ impl<T> SkipReturn for Option<T> {
     }
 }
 
-impl<T: SkipValue, E> SkipReturn for Result<T, E> {
+impl<T: SkipValue, E: From<LockError>> SkipReturn for Result<T, E> {
     fn skipped() -> Self {
         Ok(T::skipped_value())
     }
@@ -183,7 +189,7 @@ pub struct ReturnPolicy<R> {
 }
 
 /// The policy for on_contention = "skip" (and for any policy with `once`).
-pub fn skip_policy<R: SkipReturn + LockErrorReturn>() -> ReturnPolicy<R> {
+pub fn skip_policy<R: SkipReturn>() -> ReturnPolicy<R> {
     ReturnPolicy {
         skipped: Some(R::skipped),
         from_error: R::from_lock_error,

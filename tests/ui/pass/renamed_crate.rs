@@ -1,0 +1,24 @@
+//! `crate = "..."` for a renamed dependency.
+#![deny(warnings)]
+
+use lock_runtime as locks;
+
+#[locks::distributed_lock(key = "renamed", crate = "locks")]
+async fn job() -> Option<u32> {
+    Some(1)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        let rt = locks::LockRuntime::builder()
+            .memory(locks::MemoryStore::new())
+            .build()
+            .await
+            .expect("build");
+        assert_eq!(rt.scope(job()).await, Some(1));
+    });
+}
