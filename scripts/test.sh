@@ -18,3 +18,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
+
+# The demos check their own outcome (exactly one run per night / per tick) and exit non-zero
+# otherwise.
+cargo run -q --locked -p lock-examples --example interest_posting
+cargo run -q --locked -p lock-examples --example multi_process

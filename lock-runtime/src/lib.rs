@@ -54,3 +54,8 @@ pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use runtime::LockRuntime;
 pub use store::MemoryStore;
+
+/// The project README's code blocks, compiled and run as doctests so it cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

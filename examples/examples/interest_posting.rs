@@ -1,0 +1,176 @@
+//! The nightly interest posting, run by five service instances at every tick of a schedule.
+//!
+//! Each instance is its own `LockRuntime` (as five processes would be), all calling the same
+//! annotated `post_daily_interest`. Exactly one posts per night; the others are told another
+//! instance holds the lock and skip. The posting is also idempotent per date and fenced, so
+//! even a forced second run (an operator re-running it by hand) posts nothing twice.
+//!
+//! Runs on the in-process memory store by default:
+//!     cargo run -p lock-examples --example interest_posting
+//! or on a real Redis:
+//!     REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-examples --example interest_posting
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use lock_runtime::{LockRuntime, MemoryStore, current_lease, distributed_lock};
+
+const INSTANCES: usize = 5;
+const NIGHTS: usize = 3;
+/// One "night" of the demo schedule; a real service would use a cron expression for 2 AM.
+const TICK: Duration = Duration::from_millis(1500);
+
+/// What the ledger did with a posting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Posting {
+    Posted { fence: u64 },
+    AlreadyPosted { by: String },
+    StaleFence { fence: u64, highest: u64 },
+}
+
+/// Stands in for the bank's database: one posting per date, and no write from a holder whose
+/// fence is older than one already seen.
+#[derive(Debug, Clone, Default)]
+struct Ledger {
+    state: Arc<Mutex<LedgerState>>,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    posted: HashMap<String, String>,
+    /// The highest fence seen per date (fences count per lock key, and the key is per date).
+    highest_fence: HashMap<String, u64>,
+}
+
+impl Ledger {
+    fn post_interest(&self, date: &str, by: &str, fence: u64) -> Posting {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let highest = state.highest_fence.entry(date.to_owned()).or_insert(0);
+        if fence < *highest {
+            // A holder that was paused past its lease writes after a newer holder did.
+            return Posting::StaleFence {
+                fence,
+                highest: *highest,
+            };
+        }
+        *highest = fence;
+        if let Some(by) = state.posted.get(date) {
+            return Posting::AlreadyPosted { by: by.clone() };
+        }
+        state.posted.insert(date.to_owned(), by.to_owned());
+        Posting::Posted { fence }
+    }
+
+    fn postings(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .posted
+            .len()
+    }
+}
+
+/// Posts one night's interest. Runs on one instance only; the others get `Ok(None)`.
+/// `min_hold` keeps the lock a little after the work, so an instance whose clock or scheduler
+/// fires late still finds it taken.
+#[distributed_lock(
+    key = "interest-posting:{date}",
+    ttl = "60s",
+    min_hold = "1s",
+    on_contention = "skip"
+)]
+async fn post_daily_interest(
+    date: &str,
+    instance: &str,
+    ledger: &Ledger,
+) -> anyhow::Result<Option<Posting>> {
+    let fence = current_lease().context("inside a locked body")?.fence();
+    // Computing interest on every account takes a while.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(Some(ledger.post_interest(date, instance, fence)))
+}
+
+async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<LockRuntime> {
+    let builder = LockRuntime::builder().namespace("demo").owner(name);
+    let builder = match std::env::var("REDIS_URL") {
+        Ok(url) => builder.redis(url),
+        Err(_) => builder.memory(store.clone()),
+    };
+    Ok(builder.build().await?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let store_name = match std::env::var("REDIS_URL") {
+        Ok(_) => "Redis (REDIS_URL)",
+        Err(_) => "the in-process memory store",
+    };
+    println!("{INSTANCES} instances, {NIGHTS} nights, on {store_name}\n");
+
+    let store = MemoryStore::new();
+    let ledger = Ledger::default();
+    let start = tokio::time::Instant::now() + Duration::from_millis(200);
+    let mut instances = Vec::new();
+    for i in 1..=INSTANCES {
+        let name = format!("instance-{i}");
+        let runtime = instance_runtime(&name, &store).await?;
+        let ledger = ledger.clone();
+        instances.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for night in 0..NIGHTS {
+                // Schedulers on different machines never fire at the same instant.
+                let skew = Duration::from_millis((i as u64 * 37 + night as u64 * 53) % 120);
+                tokio::time::sleep_until(start + TICK * night as u32 + skew).await;
+                let date = format!("2026-12-{:02}", night + 1);
+                let result = runtime
+                    .scope(post_daily_interest(&date, &name, &ledger))
+                    .await;
+                let line = match &result {
+                    Ok(Some(Posting::Posted { fence })) => {
+                        format!("{name}: posted interest for {date} (fence {fence})")
+                    }
+                    Ok(Some(other)) => format!("{name}: ledger refused the posting: {other:?}"),
+                    Ok(None) => {
+                        format!("{name}: another instance holds the lock for {date}; skipped")
+                    }
+                    Err(e) => format!("{name}: failed: {e:#}"),
+                };
+                println!("{line}");
+                outcomes.push(result.ok().flatten());
+            }
+            runtime.shutdown().await;
+            outcomes
+        }));
+    }
+    let mut posted_per_night = vec![0usize; NIGHTS];
+    for instance in instances {
+        for (night, outcome) in instance.await?.into_iter().enumerate() {
+            if matches!(outcome, Some(Posting::Posted { .. })) {
+                posted_per_night[night] += 1;
+            }
+        }
+    }
+
+    // An operator forces a second run of night 1 by hand, bypassing the lock: the ledger's
+    // per-date marker keeps the posting single.
+    let forced = ledger.post_interest("2026-12-01", "operator", u64::MAX);
+    println!("\nforced re-run of 2026-12-01 by an operator: {forced:?}");
+
+    println!(
+        "postings per night: {posted_per_night:?}; ledger holds {} postings",
+        ledger.postings()
+    );
+    anyhow::ensure!(
+        posted_per_night.iter().all(|&n| n == 1) && ledger.postings() == NIGHTS,
+        "expected exactly one posting per night"
+    );
+    println!("exactly one posting per night.");
+    Ok(())
+}
