@@ -257,14 +257,39 @@ impl LockRequest {
     async fn acquire_until(self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
         let started = Instant::now();
         let (names, ttl) = self.validate()?;
-        match self.attempt(&names, ttl).await? {
-            Attempt::Acquired(guard) => return Ok(guard),
-            Attempt::Done => return Err(self.already_done()),
-            Attempt::Busy(_) => {}
-        }
-        // Subscribe before the next attempt, so a release between the attempt and the wait is
-        // not missed.
-        let watch = self.runtime.inner.backend.watch_releases(&names).await?;
+        // Waiters of one key in this runtime line up in FIFO order and only the head talks to
+        // the store: a release wakes one attempt per runtime instead of one per waiting task,
+        // and a task that just released cannot barge ahead of tasks already waiting.
+        let queue = self.runtime.inner.wait_queue(&names.record);
+        let mut turn = match queue.clone().try_lock_owned() {
+            Ok(turn) => {
+                // Nobody of ours is waiting: try at once.
+                match self.attempt(&names, ttl).await? {
+                    Attempt::Acquired(guard) => return Ok(guard),
+                    Attempt::Done => return Err(self.already_done()),
+                    Attempt::Busy(_) => {}
+                }
+                turn
+            }
+            Err(_) => {
+                // Others are queued; the lock was just taken by the one ahead of us, so the
+                // first attempt waits for a release.
+                let wait = queue.lock_owned();
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, wait)
+                        .await
+                        .map_err(|_| self.wait_timeout(started))?,
+                    None => wait.await,
+                }
+            }
+        };
+        // The queue keeps the subscription for as long as anyone waits, so a handoff costs no
+        // SUBSCRIBE round trip. Subscribed before the next attempt, so a release between the
+        // attempt and the wait is not missed.
+        let watch = match &mut *turn {
+            Some(watch) => watch,
+            slot => slot.insert(self.runtime.inner.backend.watch_releases(&names).await?),
+        };
         loop {
             let notified = watch.notify.notified();
             tokio::pin!(notified);
@@ -276,10 +301,7 @@ impl LockRequest {
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Err(LockError::WaitTimeout {
-                    key: self.key.clone(),
-                    waited: now - started,
-                });
+                return Err(self.wait_timeout(started));
             }
             // A holder that crashed never publishes: retry when its record expires.
             let fallback = match pttl {
@@ -294,6 +316,13 @@ impl LockRequest {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }
+        }
+    }
+
+    fn wait_timeout(&self, started: Instant) -> LockError {
+        LockError::WaitTimeout {
+            key: self.key.clone(),
+            waited: started.elapsed(),
         }
     }
 }

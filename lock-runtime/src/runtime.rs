@@ -1,13 +1,14 @@
 //! `LockRuntime`: the configured handle, process-global or task-scoped.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use crate::builder::LockRuntimeBuilder;
 use crate::config::check_name;
-use crate::store::{KeyNames, SharedBackend};
+use crate::store::{KeyNames, ReleaseWatch, SharedBackend};
 use crate::watchdog::WatchdogHandle;
 use crate::{LockError, LockInfo, LockRequest};
 
@@ -60,6 +61,10 @@ impl std::fmt::Debug for LockRuntime {
     }
 }
 
+/// The FIFO line of one key's waiting tasks in one runtime; the head holds the lock of it and
+/// the release subscription lives inside, for as long as anyone waits.
+pub(crate) type WaitQueue = tokio::sync::Mutex<Option<ReleaseWatch>>;
+
 pub(crate) struct RuntimeInner {
     pub(crate) id: u64,
     pub(crate) backend: SharedBackend,
@@ -69,6 +74,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) watchdog: WatchdogHandle,
     next_lease: AtomicU64,
     shut_down: AtomicBool,
+    /// Per-key FIFO queues of this runtime's waiting tasks (see `LockRequest::acquire`).
+    wait_queues: Mutex<HashMap<String, Weak<WaitQueue>>>,
 }
 
 impl RuntimeInner {
@@ -78,6 +85,24 @@ impl RuntimeInner {
 
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// The wait queue of `record`, shared by every task of this runtime waiting for it.
+    pub(crate) fn wait_queue(&self, record: &str) -> Arc<WaitQueue> {
+        let mut queues = self
+            .wait_queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(queue) = queues.get(record).and_then(Weak::upgrade) {
+            return queue;
+        }
+        // Forget queues nobody holds any more, amortised over insertions.
+        if queues.len() >= 64 && queues.len().is_power_of_two() {
+            queues.retain(|_, q| q.strong_count() > 0);
+        }
+        let queue = Arc::new(tokio::sync::Mutex::new(None));
+        queues.insert(record.to_owned(), Arc::downgrade(&queue));
+        queue
     }
 }
 
@@ -105,6 +130,7 @@ impl LockRuntime {
                 watchdog,
                 next_lease: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
+                wait_queues: Mutex::new(HashMap::new()),
             }),
         }
     }

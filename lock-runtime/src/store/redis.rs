@@ -219,6 +219,10 @@ impl RedisBackend {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
+        if reply == 1 {
+            // Waiters in this process need not wait for the published message to come back.
+            self.hub.notify(&names.channel);
+        }
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
