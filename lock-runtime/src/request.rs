@@ -295,7 +295,10 @@ impl LockRequest {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let pttl = match self.attempt(&names, ttl).await? {
-                Attempt::Acquired(guard) => return Ok(guard),
+                Attempt::Acquired(guard) => {
+                    watch.requeue();
+                    return Ok(guard);
+                }
                 Attempt::Done => return Err(self.already_done()),
                 Attempt::Busy(pttl) => pttl,
             };

@@ -106,25 +106,63 @@ impl Driver {
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut results: mpsc::UnboundedReceiver<RenewReport>,
     ) {
+        // One timer, re-armed only when the earliest event changes: creating a timer per loop
+        // turn would cost a timer-wheel insert for every lock taken.
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut armed_for: Option<Instant> = None;
         loop {
             let next_wake = self.heap.peek().map(|Reverse((at, _, _))| *at);
+            if next_wake != armed_for {
+                if let Some(at) = next_wake {
+                    timer.as_mut().reset(at);
+                }
+                armed_for = next_wake;
+            }
             tokio::select! {
-                command = commands.recv() => match command {
-                    None => break,
-                    Some(Command::Shutdown(done)) => {
+                command = commands.recv() => {
+                    let Some(command) = command else { break };
+                    if let Command::Shutdown(done) = command {
                         self.shutdown().await;
                         let _ = done.send(());
                         return;
                     }
-                    Some(command) => self.handle(command),
-                },
+                    self.handle(command);
+                    // Take whatever else is queued before looking at the timer again.
+                    while let Ok(command) = commands.try_recv() {
+                        if let Command::Shutdown(done) = command {
+                            self.shutdown().await;
+                            let _ = done.send(());
+                            return;
+                        }
+                        self.handle(command);
+                    }
+                    self.compact();
+                }
                 Some(report) = results.recv() => self.on_report(report),
                 Some(_) = self.releases.join_next(), if !self.releases.is_empty() => {}
-                _ = sleep_until_opt(next_wake), if next_wake.is_some() => self.on_timer(),
+                _ = &mut timer, if armed_for.is_some() => {
+                    armed_for = None;
+                    self.on_timer();
+                }
             }
         }
         // Every handle is gone; finish the releases already started.
         while self.releases.join_next().await.is_some() {}
+    }
+
+    /// Rebuilds the heap when it is mostly stale items of leases released long before their
+    /// first renewal (the common case for short jobs), so it stays proportional to the leases
+    /// actually held.
+    fn compact(&mut self) {
+        if self.heap.len() <= 2 * self.entries.len() + 1024 {
+            return;
+        }
+        let ids: Vec<u64> = self.entries.keys().copied().collect();
+        self.heap.clear();
+        for id in ids {
+            self.schedule(id);
+        }
     }
 
     fn handle(&mut self, command: Command) {
@@ -336,11 +374,4 @@ fn lose(lease: &LeaseState, why: &str) {
 /// Renew at a third of the ttl: two more chances before the lease runs out.
 fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

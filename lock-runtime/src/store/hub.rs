@@ -77,6 +77,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct ReleaseWatch {
     pub(crate) notify: Arc<Notify>,
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    on_requeue: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for ReleaseWatch {
@@ -90,7 +91,26 @@ impl ReleaseWatch {
         notify: Arc<Notify>,
         on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
     ) -> Self {
-        ReleaseWatch { notify, on_drop }
+        ReleaseWatch {
+            notify,
+            on_drop,
+            on_requeue: None,
+        }
+    }
+
+    /// Sets what `requeue` does.
+    pub(crate) fn with_requeue(mut self, f: Box<dyn Fn() + Send + Sync>) -> Self {
+        self.on_requeue = Some(f);
+        self
+    }
+
+    /// After one of its waiters won the lock, gives the other runtimes' waiters the first
+    /// chance at the next release (Redis: re-subscribe, moving to the back of the channel's
+    /// delivery order). Does nothing for stores without delivery order.
+    pub(crate) fn requeue(&self) {
+        if let Some(f) = &self.on_requeue {
+            f();
+        }
     }
 }
 

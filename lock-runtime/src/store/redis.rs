@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, ProtocolVersion, PushKind, Script, Value};
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::{OnceCell, mpsc, oneshot};
 
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, ReleaseWatch,
@@ -61,11 +61,10 @@ impl Scripts {
     }
 }
 
-/// The shared subscription connection of one runtime (RESP3, pushes fed to the hub).
+/// The shared subscription connection of one runtime (RESP3, pushes fed to the hub), owned by
+/// its task; this is the way to talk to it.
 struct Subscriber {
-    conn: ConnectionManager,
-    /// Channels to unsubscribe from, sent by dropped watches.
-    unsubscribe: mpsc::UnboundedSender<String>,
+    commands: mpsc::UnboundedSender<SubscriberCommand>,
 }
 
 impl RedisBackend {
@@ -219,10 +218,6 @@ impl RedisBackend {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
-        if reply == 1 {
-            // Waiters in this process need not wait for the published message to come back.
-            self.hub.notify(&names.channel);
-        }
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
@@ -300,31 +295,46 @@ impl RedisBackend {
             .get_or_try_init(|| self.start_subscriber())
             .await?;
         let (notify, first) = self.hub.watch(&names.channel);
+        let commands = subscriber.commands.clone();
         if first {
-            let mut conn = subscriber.conn.clone();
-            // A concurrent first watcher may subscribe too; SUBSCRIBE is idempotent.
-            conn.subscribe(&names.channel)
-                .await
-                .map_err(|e| self.error(&format!("cannot wait for `{}`", names.key), e))?;
+            let (ack_tx, ack_rx) = oneshot::channel();
+            let sent = commands.send(SubscriberCommand::Subscribe(names.channel.clone(), ack_tx));
+            let acked = match sent {
+                Ok(()) => ack_rx.await.ok(),
+                Err(_) => None,
+            };
+            match acked {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    return Err(self.error(&format!("cannot wait for `{}`", names.key), e));
+                }
+                None => {
+                    return Err(BackendError::msg(format!(
+                        "cannot wait for `{}`: the subscriber connection has stopped",
+                        names.key
+                    ))
+                    .into());
+                }
+            }
         }
-        let hub = Arc::downgrade(&self.hub);
         let channel = names.channel.clone();
-        let unsubscribe = subscriber.unsubscribe.clone();
+        let requeue_commands = commands.clone();
+        let requeue_channel = channel.clone();
         Ok(ReleaseWatch::new(
             notify,
             Some(Box::new(move || {
-                if hub
-                    .upgrade()
-                    .is_some_and(|hub| hub.forget_if_unwatched(&channel))
-                {
-                    let _ = unsubscribe.send(channel);
-                }
+                let _ = commands.send(SubscriberCommand::Unsubscribe(channel));
             })),
-        ))
+        )
+        .with_requeue(Box::new(move || {
+            let _ = requeue_commands.send(SubscriberCommand::Requeue(requeue_channel.clone()));
+        })))
     }
 
-    /// Opens the runtime's one subscription connection and a task that turns its pushes into
-    /// wake-ups. The task ends when the backend is dropped.
+    /// Opens the runtime's one subscription connection and the task that owns it: it turns
+    /// pushes into wake-ups and performs every (un)subscription in order, so a waiter arriving
+    /// as the last one leaves can never be unsubscribed by mistake. The task ends when the
+    /// backend is dropped.
     async fn start_subscriber(&self) -> Result<Subscriber, LockError> {
         let info = self
             .client
@@ -344,12 +354,11 @@ impl RedisBackend {
             .set_response_timeout(Some(self.options.command_timeout))
             .set_push_sender(push_tx)
             .set_automatic_resubscription();
-        let conn = ConnectionManager::new_with_config(client, config)
+        let mut conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| self.error("cannot open the subscriber connection", e))?;
-        let (unsub_tx, mut unsub_rx) = mpsc::unbounded_channel::<String>();
+        let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
         let hub = Arc::downgrade(&self.hub);
-        let mut unsub_conn = conn.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -368,23 +377,43 @@ impl RedisBackend {
                             _ => {}
                         }
                     }
-                    channel = unsub_rx.recv() => {
-                        let Some(channel) = channel else { break };
-                        if let Some(hub) = hub.upgrade() {
-                            // A waiter may have come back for it meanwhile.
-                            if hub.forget_if_unwatched(&channel) {
-                                let _ = unsub_conn.unsubscribe(&channel).await;
+                    command = command_rx.recv() => {
+                        let Some(command) = command else { break };
+                        let Some(hub) = hub.upgrade() else { break };
+                        match command {
+                            SubscriberCommand::Subscribe(channel, ack) => {
+                                let _ = ack.send(conn.subscribe(&channel).await);
+                            }
+                            SubscriberCommand::Unsubscribe(channel) => {
+                                // A waiter may have come back for it meanwhile.
+                                if hub.forget_if_unwatched(&channel) {
+                                    let _ = conn.unsubscribe(&channel).await;
+                                }
+                            }
+                            SubscriberCommand::Requeue(channel) => {
+                                // Redis delivers a message to subscribers in subscription order,
+                                // so the first subscriber's waiters would always win the race
+                                // for a released lock. Moving to the back after each win rotates
+                                // the advantage between runtimes.
+                                let _ = conn.unsubscribe(&channel).await;
+                                let _ = conn.subscribe(&channel).await;
+                                // A release published between the two was not heard: retry.
+                                hub.notify(&channel);
                             }
                         }
                     }
                 }
             }
         });
-        Ok(Subscriber {
-            conn,
-            unsubscribe: unsub_tx,
-        })
+        Ok(Subscriber { commands })
     }
+}
+
+/// Work for the subscriber task.
+enum SubscriberCommand {
+    Subscribe(String, oneshot::Sender<redis::RedisResult<()>>),
+    Unsubscribe(String),
+    Requeue(String),
 }
 
 fn pttl_of(pttl: i64) -> Option<Duration> {

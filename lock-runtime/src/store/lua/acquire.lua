@@ -18,11 +18,17 @@ end
 local fence = redis.call('INCR', KEYS[2])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local hold = tonumber(ARGV[4])
+-- min_hold_until_ms 0 means "no min_hold", so release can skip reading the clock.
+local hold_until = 0
+if hold > 0 then
+  hold_until = now_ms + hold
+end
 redis.call('HSET', KEYS[1],
   'token', ARGV[1],
   'owner', ARGV[2],
   'fence', fence,
   'acquired_at_ms', now_ms,
-  'min_hold_until_ms', now_ms + tonumber(ARGV[4]))
+  'min_hold_until_ms', hold_until)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, fence}

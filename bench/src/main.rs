@@ -1,0 +1,260 @@
+//! The benchmark harness: starts a private redis-server on a free loopback port and measures
+//! lock-runtime side by side with raw redis-rs, rslock and async-redis-lock, every row against
+//! a baseline measured in the same run.
+//!
+//!     cargo run --release -p lock-bench              # full run (a few minutes)
+//!     cargo run --release -p lock-bench -- --quick   # seconds; what CI runs
+//!     cargo run --release -p lock-bench -- --json results.json
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use lock_runtime::LockRuntime;
+use lock_tests::RedisServer;
+use serde_json::json;
+
+mod peers;
+mod rows;
+mod sys;
+
+use peers::{Impl, RawLock};
+
+struct Mode {
+    name: &'static str,
+    pair_duration: Duration,
+    rounds: usize,
+    handoffs: usize,
+    poll_handoffs: usize,
+    fairness: Duration,
+    watchdog_leases: usize,
+    watchdog_hold: Duration,
+}
+
+const FULL: Mode = Mode {
+    name: "full",
+    pair_duration: Duration::from_secs(2),
+    rounds: 3,
+    handoffs: 200,
+    poll_handoffs: 100,
+    fairness: Duration::from_secs(10),
+    watchdog_leases: 10_000,
+    watchdog_hold: Duration::from_secs(30),
+};
+
+const QUICK: Mode = Mode {
+    name: "quick",
+    pair_duration: Duration::from_millis(300),
+    rounds: 1,
+    handoffs: 20,
+    poll_handoffs: 10,
+    fairness: Duration::from_secs(2),
+    watchdog_leases: 1_000,
+    watchdog_hold: Duration::from_secs(4),
+};
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut mode = &FULL;
+    let mut json_path = None;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--quick" => mode = &QUICK,
+            "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
+            other => anyhow::bail!("unknown argument `{other}`; use --quick and/or --json PATH"),
+        }
+    }
+    if cfg!(debug_assertions) {
+        eprintln!("note: a debug build; run with --release for numbers worth quoting");
+    }
+    let server = RedisServer::start();
+    let url = server.url();
+    println!("lock-bench ({} mode), redis-server at {url}\n", mode.name);
+
+    // Row 5 first, so its peak RSS is not inflated by the other rows.
+    let wd = rows::watchdog_scale(&server, mode.watchdog_leases, mode.watchdog_hold).await?;
+
+    let ours_runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
+    ours_runtime.clone().install()?;
+    let impls: Vec<Arc<Impl>> = vec![
+        Arc::new(Impl::Raw(RawLock::connect(&url).await?)),
+        Arc::new(Impl::Ours(ours_runtime.clone())),
+        Arc::new(Impl::OursAttribute),
+        Arc::new(Impl::Rslock(rslock::LockManager::new(vec![url.clone()]))),
+        Arc::new(Impl::AsyncRedisLock(
+            async_redis_lock::Locker::from_redis_url(&url)
+                .await
+                .map_err(|e| anyhow::anyhow!("async-redis-lock: {e:?}"))?,
+        )),
+    ];
+    let one_t = rows::throughput_table(&server, &impls, 1, mode.pair_duration, mode.rounds).await?;
+    let many_t =
+        rows::throughput_table(&server, &impls, 64, mode.pair_duration, mode.rounds).await?;
+    let one: Vec<f64> = one_t.iter().map(|t| t.pairs_per_s).collect();
+    let many: Vec<f64> = many_t.iter().map(|t| t.pairs_per_s).collect();
+
+    let (ours_p50, ours_p99) = rows::percentiles(rows::handoff_ours(&url, mode.handoffs).await?);
+    let (rs_p50, rs_p99) = rows::percentiles(rows::handoff_rslock(&url, mode.handoffs).await?);
+    let (poll_p50, poll_p99) =
+        rows::percentiles(rows::handoff_poll(&url, mode.poll_handoffs).await?);
+
+    let counts = rows::fairness(&url, 4, 4, mode.fairness).await?;
+    let min = counts.iter().copied().min().unwrap_or(0);
+    let max = counts.iter().copied().max().unwrap_or(0);
+    let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
+
+    // Table.
+    println!("| row | implementation | result | vs baseline |");
+    println!("|---|---|---|---|");
+    for (label, rows) in [
+        ("1. pairs/s, 1 task", &one_t),
+        ("2. pairs/s, 64 tasks", &many_t),
+    ] {
+        for (imp, row) in impls.iter().zip(rows.iter()) {
+            println!(
+                "| {label} | {} | {:.0} (server {:.1} us/pair) | {:.2}x |",
+                imp.name(),
+                row.pairs_per_s,
+                row.server_us_per_pair,
+                row.pairs_per_s / rows[0].pairs_per_s
+            );
+        }
+    }
+    println!(
+        "| 3. handoff p50 / p99 | ours (event-driven wait) | {:.2} / {:.2} ms | {:.0}x faster than rslock at p50 |",
+        ms(ours_p50),
+        ms(ours_p99),
+        ms(rs_p50) / ms(ours_p50).max(0.001)
+    );
+    println!(
+        "| 3. handoff p50 / p99 | rslock 0.10 acquire | {:.2} / {:.2} ms | baseline |",
+        ms(rs_p50),
+        ms(rs_p99)
+    );
+    println!(
+        "| 3. handoff p50 / p99 | 50 ms poll loop | {:.2} / {:.2} ms | |",
+        ms(poll_p50),
+        ms(poll_p99)
+    );
+    println!(
+        "| 4. fairness, 16 waiters (4 runtimes x 4), {:?} | ours | acquisitions per waiter min {min} / mean {mean:.1} / max {max} | min = {:.0}% of mean |",
+        mode.fairness,
+        min as f64 / mean.max(1.0) * 100.0
+    );
+    println!(
+        "| 5. watchdog, {} leases ttl 3 s for {:.0} s | ours | lost {}; {:.1} renewal script calls/s (~{:.0} leases renewed/s); CPU {:.1}%; peak RSS {:.1} MiB | |",
+        wd.leases,
+        wd.held_for.as_secs_f64(),
+        wd.lost,
+        wd.renewal_calls_per_s,
+        wd.leases_renewed_per_s,
+        wd.cpu_percent,
+        wd.peak_rss_mib
+    );
+    let macro_ratio = one[2] / one[1];
+    let macro_ratio_many = many[2] / many[1];
+    println!(
+        "| 6. macro overhead | attribute vs programmatic | {macro_ratio:.3}x (1 task), {macro_ratio_many:.3}x (64 tasks) | |"
+    );
+
+    // Targets of the benchmark issue.
+    let checks = [
+        (
+            "row 1: ours >= 0.9x raw",
+            one[1] / one[0] >= 0.9,
+            format!("{:.2}x", one[1] / one[0]),
+        ),
+        (
+            "row 2: ours >= 0.9x raw",
+            many[1] / many[0] >= 0.9,
+            format!("{:.2}x", many[1] / many[0]),
+        ),
+        (
+            "row 2: ours >= 1.1x rslock",
+            many[1] / many[3] >= 1.1,
+            format!("{:.2}x", many[1] / many[3]),
+        ),
+        (
+            "row 3: handoff p50 <= 1 ms",
+            ours_p50 <= Duration::from_millis(1),
+            format!("{:.2} ms", ms(ours_p50)),
+        ),
+        (
+            "row 3: >= 20x better than rslock at p50",
+            ms(rs_p50) >= 20.0 * ms(ours_p50),
+            format!("{:.0}x", ms(rs_p50) / ms(ours_p50).max(0.001)),
+        ),
+        (
+            "row 4: min >= 25% of mean",
+            min as f64 >= 0.25 * mean,
+            format!("{:.0}%", min as f64 / mean.max(1.0) * 100.0),
+        ),
+        ("row 5: 0 leases lost", wd.lost == 0, format!("{}", wd.lost)),
+        (
+            "row 5: peak RSS < 64 MiB",
+            wd.peak_rss_mib < 64.0,
+            format!("{:.1} MiB", wd.peak_rss_mib),
+        ),
+        (
+            "row 6: macro ratio >= 0.97",
+            macro_ratio >= 0.97,
+            format!("{macro_ratio:.3}"),
+        ),
+    ];
+    println!(
+        "\ntargets ({} mode{}):",
+        mode.name,
+        if cfg!(debug_assertions) {
+            ", debug build"
+        } else {
+            ""
+        }
+    );
+    for (what, ok, value) in &checks {
+        println!("  {:<42} {:<7} {value}", what, verdict(*ok));
+    }
+
+    if let Some(path) = json_path {
+        let names: Vec<&str> = impls.iter().map(|i| i.name()).collect();
+        let report = json!({
+            "mode": mode.name,
+            "release_build": !cfg!(debug_assertions),
+            "implementations": names,
+            "pairs_per_s_1_task": one,
+            "pairs_per_s_64_tasks": many,
+            "server_us_per_pair_1_task": one_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+            "server_us_per_pair_64_tasks": many_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+            "handoff_ms": {
+                "ours": {"p50": ms(ours_p50), "p99": ms(ours_p99)},
+                "rslock": {"p50": ms(rs_p50), "p99": ms(rs_p99)},
+                "poll_50ms": {"p50": ms(poll_p50), "p99": ms(poll_p99)},
+            },
+            "fairness": {"counts": counts, "min": min, "mean": mean, "max": max},
+            "watchdog": {
+                "leases": wd.leases,
+                "held_s": wd.held_for.as_secs_f64(),
+                "lost": wd.lost,
+                "renewal_calls_per_s": wd.renewal_calls_per_s,
+                "cpu_percent": wd.cpu_percent,
+                "peak_rss_mib": wd.peak_rss_mib,
+                "rss_before_mib": wd.rss_before_mib,
+            },
+            "macro_overhead_ratio": {"one_task": macro_ratio, "many_tasks": macro_ratio_many},
+            "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+        println!("\nwrote {path}");
+    }
+    ours_runtime.shutdown().await;
+    Ok(())
+}

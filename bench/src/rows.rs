@@ -1,0 +1,364 @@
+//! The measurements. Every row is measured in the same run as its baseline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use lock_runtime::LockRuntime;
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+use crate::peers::{Impl, RawLock};
+use crate::sys;
+
+/// Pairs per second of one implementation with `tasks` tasks on distinct keys.
+pub(crate) async fn throughput(
+    imp: Arc<Impl>,
+    tasks: usize,
+    duration: Duration,
+    tag: &str,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let stop = started + duration;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let imp = imp.clone();
+        let key = format!("bench:{tag}:{t}");
+        handles.push(tokio::spawn(async move {
+            let mut pairs = 0u64;
+            while Instant::now() < stop {
+                imp.pair(&key).await?;
+                pairs += 1;
+            }
+            Ok::<u64, anyhow::Error>(pairs)
+        }));
+    }
+    let mut total = 0;
+    for handle in handles {
+        total += handle.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// One implementation's figures in a throughput row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Throughput {
+    pub(crate) pairs_per_s: f64,
+    /// Redis server CPU per pair (from INFO commandstats), in microseconds.
+    pub(crate) server_us_per_pair: f64,
+}
+
+/// Median pairs/s of each implementation over `rounds` interleaved rounds, so machine noise
+/// hits every implementation alike; with the server's own time per pair.
+pub(crate) async fn throughput_table(
+    server: &RedisServer,
+    impls: &[Arc<Impl>],
+    tasks: usize,
+    duration: Duration,
+    rounds: usize,
+) -> anyhow::Result<Vec<Throughput>> {
+    let mut samples = vec![Vec::new(); impls.len()];
+    let mut server_us = vec![Vec::new(); impls.len()];
+    for round in 0..rounds {
+        for (i, imp) in impls.iter().enumerate() {
+            let tag = format!("t{tasks}-r{round}-i{i}");
+            if std::env::var_os("LOCK_BENCH_SERVER_STATS").is_some() {
+                redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query_async::<()>(
+                        &mut server.client().get_multiplexed_async_connection().await?,
+                    )
+                    .await?;
+            }
+            let before = server_usec(server).await?;
+            let rate = throughput(imp.clone(), tasks, duration, &tag).await?;
+            let spent = server_usec(server).await? - before;
+            if std::env::var_os("LOCK_BENCH_SERVER_STATS").is_some() {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut server.client().get_multiplexed_async_connection().await?)
+                    .await?;
+                eprintln!(
+                    "--- {} ({tasks} tasks): {rate:.0} pairs/s\n{info}",
+                    imp.name()
+                );
+            }
+            samples[i].push(rate);
+            server_us[i].push(spent as f64 / (rate * duration.as_secs_f64()).max(1.0));
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .zip(server_us)
+        .map(|(rates, us)| Throughput {
+            pairs_per_s: median(rates),
+            server_us_per_pair: median(us),
+        })
+        .collect())
+}
+
+/// Microseconds the server spent executing commands so far (sum over INFO commandstats).
+async fn server_usec(server: &RedisServer) -> anyhow::Result<u64> {
+    let mut conn = server.client().get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| l.split("usec=").nth(1))
+        .filter_map(|rest| rest.split(',').next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// p50 and p99 of a latency sample.
+pub(crate) fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    let at = |q: f64| {
+        let i = ((v.len() as f64 - 1.0) * q).round() as usize;
+        v.get(i).copied().unwrap_or_default()
+    };
+    (at(0.50), at(0.99))
+}
+
+/// How long the holder keeps the lock before releasing, so the waiter is surely waiting.
+const HOLD_BEFORE_HANDOFF: Duration = Duration::from_millis(20);
+
+/// Handoff latency of ours: from the holder's release returning to the waiter (another
+/// runtime) holding the lock.
+pub(crate) async fn handoff_ours(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let holder = LockRuntime::builder().redis(url).build().await?;
+    let waiter = LockRuntime::builder().redis(url).build().await?;
+    let mut latencies = Vec::new();
+    for i in 0..n {
+        let key = format!("handoff:ours:{i}");
+        let guard = holder
+            .lock(&key)
+            .try_acquire()
+            .await?
+            .context("a fresh key was held")?;
+        let waiting = {
+            let waiter = waiter.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let guard = waiter.lock(key).acquire().await?;
+                let at = Instant::now();
+                guard.release().await?;
+                Ok::<Instant, anyhow::Error>(at)
+            })
+        };
+        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
+        guard.release().await?;
+        let released = Instant::now();
+        let acquired = waiting.await??;
+        latencies.push(acquired.saturating_duration_since(released));
+    }
+    holder.shutdown().await;
+    waiter.shutdown().await;
+    Ok(latencies)
+}
+
+/// Handoff latency of rslock's waiting `acquire` (retries with random 0-200 ms delays).
+pub(crate) async fn handoff_rslock(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let holder = rslock::LockManager::new(vec![url.to_owned()]);
+    let waiter = rslock::LockManager::new(vec![url.to_owned()]);
+    let ttl = Duration::from_secs(10);
+    let mut latencies = Vec::new();
+    for i in 0..n {
+        let key = format!("handoff:rslock:{i}");
+        let lock = holder
+            .lock(key.as_bytes(), ttl)
+            .await
+            .map_err(|e| anyhow::anyhow!("rslock: {e:?}"))?;
+        let waiting = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let guard = waiter
+                    .acquire(key.as_bytes(), ttl)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("rslock: {e:?}"))?;
+                let at = Instant::now();
+                guard.release().await;
+                Ok::<Instant, anyhow::Error>(at)
+            })
+        };
+        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
+        holder.unlock(&lock).await;
+        let released = Instant::now();
+        let acquired = waiting.await??;
+        latencies.push(acquired.saturating_duration_since(released));
+    }
+    Ok(latencies)
+}
+
+/// Handoff latency of a plain poll loop: SET NX PX every 50 ms until it succeeds.
+pub(crate) async fn handoff_poll(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let raw = Arc::new(RawLock::connect(url).await?);
+    let mut latencies = Vec::new();
+    for i in 0..n {
+        let key = format!("handoff:poll:{i}");
+        let token = format!("holder-{i}");
+        anyhow::ensure!(raw.try_lock(&key, &token).await?, "a fresh key was held");
+        let waiting = {
+            let raw = raw.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let mine = format!("waiter-{i}");
+                while !raw.try_lock(&key, &mine).await? {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let at = Instant::now();
+                raw.unlock(&key, &mine).await?;
+                Ok::<Instant, anyhow::Error>(at)
+            })
+        };
+        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
+        raw.unlock(&key, &token).await?;
+        let released = Instant::now();
+        let acquired = waiting.await??;
+        latencies.push(acquired.saturating_duration_since(released));
+    }
+    Ok(latencies)
+}
+
+/// Fairness: `runtimes` x `per_runtime` waiters loop on one key with a 1 ms hold; returns the
+/// acquisitions of each waiter.
+pub(crate) async fn fairness(
+    url: &str,
+    runtimes: usize,
+    per_runtime: usize,
+    duration: Duration,
+) -> anyhow::Result<Vec<u64>> {
+    let stop = Instant::now() + duration;
+    let mut handles = Vec::new();
+    for _ in 0..runtimes {
+        let runtime = LockRuntime::builder().redis(url).build().await?;
+        for _ in 0..per_runtime {
+            let runtime = runtime.clone();
+            handles.push(tokio::spawn(async move {
+                let mut count = 0u64;
+                loop {
+                    let now = Instant::now();
+                    if now >= stop {
+                        break;
+                    }
+                    match runtime
+                        .lock("fairness")
+                        .ttl(Duration::from_secs(5))
+                        .acquire_timeout(stop - now)
+                        .await
+                    {
+                        Ok(guard) => {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            guard.release().await?;
+                            count += 1;
+                        }
+                        Err(lock_runtime::LockError::WaitTimeout { .. }) => break,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok::<u64, anyhow::Error>(count)
+            }));
+        }
+    }
+    let mut counts = Vec::new();
+    for handle in handles {
+        counts.push(handle.await??);
+    }
+    Ok(counts)
+}
+
+/// What the watchdog row measured.
+pub(crate) struct WatchdogFigures {
+    pub(crate) leases: usize,
+    pub(crate) held_for: Duration,
+    pub(crate) lost: usize,
+    pub(crate) renewal_calls_per_s: f64,
+    pub(crate) leases_renewed_per_s: f64,
+    pub(crate) cpu_percent: f64,
+    pub(crate) peak_rss_mib: f64,
+    pub(crate) rss_before_mib: f64,
+}
+
+/// `leases` leases with ttl 3 s held at once by one runtime for `hold`.
+pub(crate) async fn watchdog_scale(
+    server: &RedisServer,
+    leases: usize,
+    hold: Duration,
+) -> anyhow::Result<WatchdogFigures> {
+    let ttl = Duration::from_secs(3);
+    let rss_before_mib = sys::rss_mib();
+    let runtime = LockRuntime::builder().redis(server.url()).build().await?;
+    let guards = Arc::new(tokio::sync::Mutex::new(Vec::with_capacity(leases)));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..64 {
+        let runtime = runtime.clone();
+        let guards = guards.clone();
+        let next = next.clone();
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= leases {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let guard = runtime
+                    .lock(format!("watchdog:{i}"))
+                    .ttl(ttl)
+                    .try_acquire()
+                    .await?
+                    .context("a fresh key was held")?;
+                guards.lock().await.push(guard);
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    let calls_before = script_calls(server).await?;
+    let cpu_before = sys::cpu_time();
+    let started = Instant::now();
+    tokio::time::sleep(hold).await;
+    let held_for = started.elapsed();
+    let cpu = sys::cpu_time().saturating_sub(cpu_before);
+    let calls = script_calls(server).await? - calls_before;
+    let guards = std::mem::take(&mut *guards.lock().await);
+    let lost = guards.iter().filter(|g| g.lease().is_lost()).count();
+    let peak_rss_mib = sys::peak_rss_mib();
+    runtime.shutdown().await;
+    drop(guards);
+    Ok(WatchdogFigures {
+        leases,
+        held_for,
+        lost,
+        renewal_calls_per_s: calls as f64 / held_for.as_secs_f64(),
+        leases_renewed_per_s: leases as f64 / (ttl.as_secs_f64() / 3.0),
+        cpu_percent: cpu.as_secs_f64() / held_for.as_secs_f64() * 100.0,
+        peak_rss_mib,
+        rss_before_mib,
+    })
+}
+
+/// Script calls (EVALSHA + EVAL) executed by the server so far.
+pub(crate) async fn script_calls(server: &RedisServer) -> anyhow::Result<u64> {
+    let mut conn = server.client().get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum())
+}
