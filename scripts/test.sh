@@ -23,3 +23,7 @@ cargo test --workspace --locked
 # otherwise.
 cargo run -q --locked -p lock-examples --example interest_posting
 cargo run -q --locked -p lock-examples --example multi_process
+
+# The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
+# quoted anywhere; the README's table comes from a full release run).
+cargo run -q --locked -p lock-bench -- --quick

@@ -62,6 +62,8 @@ impl RawLock {
 pub(crate) enum Impl {
     Ours(LockRuntime),
     OursAttribute,
+    /// The attribute on a given runtime (through `scope`), for the macro-overhead row.
+    OursAttributeScoped(LockRuntime),
     Raw(RawLock),
     Rslock(rslock::LockManager),
     AsyncRedisLock(async_redis_lock::Locker),
@@ -72,6 +74,7 @@ impl Impl {
         match self {
             Impl::Ours(_) => "ours (programmatic)",
             Impl::OursAttribute => "ours (attribute)",
+            Impl::OursAttributeScoped(_) => "ours (attribute, scoped)",
             Impl::Raw(_) => "raw redis-rs (baseline)",
             Impl::Rslock(_) => "rslock 0.10",
             Impl::AsyncRedisLock(_) => "async-redis-lock 0.4",
@@ -93,6 +96,12 @@ impl Impl {
             // Uses the installed global runtime, as a service would.
             Impl::OursAttribute => {
                 attribute_pair(key)
+                    .await
+                    .context("an uncontended key was held")?;
+            }
+            Impl::OursAttributeScoped(runtime) => {
+                runtime
+                    .scope(attribute_pair(key))
                     .await
                     .context("an uncontended key was held")?;
             }

@@ -362,3 +362,42 @@ pub(crate) async fn script_calls(server: &RedisServer) -> anyhow::Result<u64> {
         .filter_map(|n| n.parse::<u64>().ok())
         .sum())
 }
+
+/// Macro overhead: the annotated fn against the same pair through the programmatic API, in
+/// many short alternating slices so drift in the machine's speed hits both alike. Returns
+/// (attribute pairs / programmatic pairs) on Redis and on the memory store.
+pub(crate) async fn macro_overhead(
+    redis_runtime: &LockRuntime,
+    slices: usize,
+    slice: Duration,
+) -> anyhow::Result<(f64, f64)> {
+    let memory_runtime = LockRuntime::builder()
+        .memory(lock_runtime::MemoryStore::new())
+        .build()
+        .await?;
+    let mut ratios = Vec::new();
+    for runtime in [redis_runtime, &memory_runtime] {
+        let programmatic = Arc::new(Impl::Ours(runtime.clone()));
+        let attribute = Arc::new(Impl::OursAttributeScoped(runtime.clone()));
+        let (mut p_total, mut a_total) = (0.0, 0.0);
+        for i in 0..slices {
+            // Alternate which goes first, too.
+            let order = if i % 2 == 0 {
+                [(&programmatic, true), (&attribute, false)]
+            } else {
+                [(&attribute, false), (&programmatic, true)]
+            };
+            for (imp, is_programmatic) in order {
+                let rate = throughput(imp.clone(), 1, slice, &format!("macro-{i}")).await?;
+                if is_programmatic {
+                    p_total += rate;
+                } else {
+                    a_total += rate;
+                }
+            }
+        }
+        ratios.push(a_total / p_total.max(1.0));
+    }
+    memory_runtime.shutdown().await;
+    Ok((ratios[0], ratios[1]))
+}

@@ -9,7 +9,6 @@ use tracing::Instrument;
 
 use crate::context::{held_lease, with_lease};
 use crate::request::TryOutcome;
-use crate::store::KeyNames;
 use crate::{LockError, LockRuntime};
 
 /// The contention policy of one annotated function.
@@ -270,8 +269,7 @@ where
         Err(e) => return Outcome::Failed(e),
     };
     // Re-entrant per task: a nested call for a key this task holds runs directly.
-    let names = KeyNames::new(&runtime.inner.namespace, &spec.key);
-    if let Some(lease) = held_lease(runtime.inner.id, &names.record)
+    if let Some(lease) = held_lease(runtime.inner.id, &spec.key)
         && !lease.is_lost()
     {
         tracing::trace!("re-entrant call; the lock is already held by this task");

@@ -25,12 +25,13 @@ pub(crate) fn with_lease<F: Future>(lease: Lease, fut: F) -> impl Future<Output 
     HELD.scope(Arc::new(held), fut)
 }
 
-/// The lease this task already holds for `record` in runtime `runtime_id`, if any.
-pub(crate) fn held_lease(runtime_id: u64, record: &str) -> Option<Lease> {
+/// The lease this task already holds for `key` in runtime `runtime_id` (which fixes the
+/// namespace), if any.
+pub(crate) fn held_lease(runtime_id: u64, key: &str) -> Option<Lease> {
     HELD.try_with(|held| {
         held.iter()
             .rev()
-            .find(|l| l.state.runtime_id == runtime_id && l.state.names.record == record)
+            .find(|l| l.state.runtime_id == runtime_id && l.state.names.key == key)
             .cloned()
     })
     .ok()

@@ -170,15 +170,9 @@ impl Lease {
             if self.state.is_lost() {
                 return;
             }
-            if self.state.is_ended() {
-                notified.await;
-                continue;
-            }
-            let deadline = self.state.valid_until();
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-            }
+            // The runtime's watchdog driver marks the lease lost at the end of its validity
+            // (or at a failed renewal) and wakes this future; no timer per waiter is needed.
+            notified.await;
         }
     }
 }
