@@ -50,6 +50,50 @@ pub use context::current_lease;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use lease::{Lease, LockInfo};
+/// Runs an async fn's body on exactly one of the instances competing for its `key`.
+///
+/// ```
+/// use lock_runtime::{distributed_lock, LockRuntime, MemoryStore};
+///
+/// #[distributed_lock(key = "interest:{day}", ttl = "60s", min_hold = "5s", on_contention = "skip")]
+/// async fn post_daily_interest(day: &str) -> Result<Option<u64>, lock_runtime::LockError> {
+///     let fence = lock_runtime::current_lease().map(|l| l.fence());
+///     Ok(fence) // Ok(None) when another instance held the lock
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// let runtime = LockRuntime::builder().memory(MemoryStore::new()).build().await?;
+/// let posted = runtime.scope(post_daily_interest("2026-12-01")).await?;
+/// assert_eq!(posted, Some(1));
+/// # Ok(()) }
+/// ```
+///
+/// Options (durations take `ms`, `s`, `m`, `h`, `d`, summed: `"1m30s"`):
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `key = "..."` | the lock key; `{param}`, `{param.field}`, `{self.field}` placeholders (`Display`) | required |
+/// | `ttl = "60s"` | lease length; how long a crashed holder blocks others | the runtime's `default_ttl` |
+/// | `min_hold = "10s"` | keep the lock at least this long after acquiring (`<= ttl`) | none |
+/// | `max_hold = "2h"` | stop renewing after this; the lease then expires (`>= ttl`) | renew while running |
+/// | `on_contention = "skip"` | `"skip"`: return "did not run"; `"wait"`: wait for it; `"error"`: `LockError::Contended` | `"skip"` |
+/// | `wait_timeout = "30s"` | with `"wait"`: give up with `LockError::WaitTimeout` | wait forever |
+/// | `watchdog = true` | renew at ttl/3 while the body runs | `true` |
+/// | `on_lost = "abort"` | `"abort"`: drop the body when the lease is lost and return `LockError::Lost`; `"continue"`: let it finish | `"abort"` |
+/// | `once = "7d"` | after a successful run, skip this key for this long | off |
+/// | `crate = "path"` | path of a renamed `lock_runtime` dependency | `::lock_runtime` |
+///
+/// What a call returns when the body did not run is decided by its return type: `()` and
+/// `Option<T>` (`None`) log lock errors with `tracing::error!`; `Result<T, E>` with
+/// `E: From<LockError>` returns them as `Err`, and a skip as `Ok(())` / `Ok(None)` (so `T` must
+/// be `()` or `Option<_>` with `"skip"` or `once`). Any other return type is a compile error
+/// that says so. The body never runs without the lock (fail closed).
+///
+/// The runtime used is the task's [`LockRuntime::scope`] if any, else the installed
+/// [`LockRuntime::install`] one, else the call returns `LockError::NotConfigured`. A nested
+/// call in the same task for a key it already holds runs directly (re-entrant). Inside the
+/// body, [`current_lease`] gives the lease and its fence.
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use runtime::LockRuntime;

@@ -66,3 +66,53 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
     assert!(guard.lease().fence() >= 2);
     guard.release().await.expect("release");
 }
+
+/// SCRIPT FLUSH while leases are held: the scripts are reloaded transparently (NOSCRIPT), and
+/// renewals, releases and new acquisitions keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_transparent() {
+    let store = TestStore::redis();
+    let TestStore::Redis(server) = &store else {
+        unreachable!("made as redis")
+    };
+    let runtime = store.runtime().await;
+    let held = runtime
+        .lock("flushed")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+    // Several renewal periods pass: the watchdog's first renewal after the flush reloads.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!held.lease().is_lost(), "renewals survived the flush");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+    assert!(held.release().await.expect("release after a flush"));
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+    let again = runtime
+        .lock("flushed")
+        .try_acquire()
+        .await
+        .expect("acquire after a flush")
+        .expect("free");
+    assert_eq!(again.lease().fence(), 2);
+    again.release().await.expect("release");
+}
