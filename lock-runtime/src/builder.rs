@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_TTL, check_name, check_ttl, default_owner, redact_url,
 };
-use crate::store::{Backend, RedisBackend, RedisOptions};
+use crate::store::{Backend, DEFAULT_NODE_TIMEOUT, RedisBackend, RedisOptions, RedlockBackend};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -24,10 +24,12 @@ pub struct LockRuntimeBuilder {
     owner: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
+    node_timeout: Option<Duration>,
 }
 
 enum StoreChoice {
     Redis(String),
+    Redlock(Vec<String>),
     Memory(MemoryStore),
 }
 
@@ -35,6 +37,7 @@ impl StoreChoice {
     fn name(&self) -> &'static str {
         match self {
             StoreChoice::Redis(_) => "redis",
+            StoreChoice::Redlock(_) => "redlock",
             StoreChoice::Memory(_) => "memory",
         }
     }
@@ -44,6 +47,13 @@ impl std::fmt::Debug for LockRuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let store = match &self.store {
             Some(StoreChoice::Redis(url)) => format!("redis({})", redact_url(url)),
+            Some(StoreChoice::Redlock(urls)) => format!(
+                "redlock({})",
+                urls.iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
             None => "none".to_owned(),
         };
@@ -69,6 +79,31 @@ impl LockRuntimeBuilder {
     /// TLS. The password never appears in errors or logs.
     pub fn redis(self, url: impl Into<String>) -> Self {
         self.set_store(StoreChoice::Redis(url.into()))
+    }
+
+    /// Lock across N independent Redis masters (Redlock): a lock is held when a quorum
+    /// (N/2 + 1) granted it within its validity. Calls fan out in parallel, each bounded by
+    /// [`node_timeout`](Self::node_timeout); `build()` succeeds when a quorum answers.
+    ///
+    /// The fence of a Redlock lease is the largest fence among the granting quorum. It keeps
+    /// increasing as long as a majority of the masters keep their counters; a master that
+    /// restarts empty restarts its counter, and if a majority did so at once, fences could
+    /// repeat. Masters with persistence (AOF) avoid that.
+    pub fn redlock<I, S>(self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.set_store(StoreChoice::Redlock(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// With [`redlock`](Self::redlock): how long one master may take to answer before it
+    /// counts as failed for that call (default 250 ms).
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
     }
 
     /// Lock in an in-process [`MemoryStore`]; runtimes built on clones of one store compete
@@ -134,6 +169,14 @@ impl LockRuntimeBuilder {
                 ));
             }
             Some(StoreChoice::Memory(store)) => Backend::Memory(store),
+            Some(StoreChoice::Redlock(urls)) => {
+                let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
+                check_ttl("node_timeout", node_timeout)?;
+                Backend::Redlock(
+                    RedlockBackend::connect(urls, connect_timeout, command_timeout, node_timeout)
+                        .await?,
+                )
+            }
             Some(StoreChoice::Redis(url)) => Backend::Redis(
                 RedisBackend::connect(RedisOptions {
                     url,

@@ -13,6 +13,8 @@ pub enum TestStore {
     Memory(MemoryStore),
     /// A redis-server started for the test.
     Redis(RedisServer),
+    /// Five independent redis-servers, locked by Redlock quorum.
+    Redlock(Vec<RedisServer>),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -28,6 +30,11 @@ impl TestStore {
         TestStore::Redis(RedisServer::start())
     }
 
+    /// Five fresh redis-servers for Redlock.
+    pub fn redlock() -> Self {
+        TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
+    }
+
     /// A new runtime (a simulated service instance) on this store, with a distinct owner.
     pub async fn runtime(&self) -> LockRuntime {
         let owner = format!("instance-{}", NEXT_OWNER.fetch_add(1, Ordering::Relaxed));
@@ -35,6 +42,7 @@ impl TestStore {
         let builder = match self {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Redis(server) => builder.redis(server.url()),
+            TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
         };
         builder
             .build()
@@ -46,18 +54,25 @@ impl TestStore {
     pub async fn delete_record(&self, key: &str) {
         match self {
             TestStore::Memory(store) => store.clear(),
-            TestStore::Redis(server) => {
-                let mut conn = server
-                    .client()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connecting to the test server");
-                let _: () = redis::cmd("DEL")
-                    .arg(format!("lock:{{{key}}}"))
-                    .query_async(&mut conn)
-                    .await
-                    .expect("DEL of a lock record");
+            TestStore::Redis(server) => delete_on(server, key).await,
+            TestStore::Redlock(servers) => {
+                for server in servers {
+                    delete_on(server, key).await;
+                }
             }
         }
     }
+}
+
+async fn delete_on(server: &RedisServer, key: &str) {
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connecting to the test server");
+    let _: () = redis::cmd("DEL")
+        .arg(format!("lock:{{{key}}}"))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL of a lock record");
 }

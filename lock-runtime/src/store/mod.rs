@@ -8,10 +8,12 @@ use crate::LockError;
 mod hub;
 mod memory;
 mod redis;
+mod redlock;
 
 pub(crate) use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;
 pub(crate) use redis::{RedisBackend, RedisOptions};
+pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 
 /// The store keys of one lock: `<ns>:{<key>}` and its companions. The braces are a Redis
 /// Cluster hash tag, so all of them live in one slot and one script may touch them together.
@@ -83,6 +85,7 @@ pub(crate) struct RecordView {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     Redis(RedisBackend),
+    Redlock(RedlockBackend),
     Memory(MemoryStore),
 }
 
@@ -98,6 +101,7 @@ impl Backend {
     ) -> Result<AcquireOutcome, LockError> {
         match self {
             Backend::Redis(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
+            Backend::Redlock(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
             Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold, once)),
         }
     }
@@ -110,6 +114,7 @@ impl Backend {
     ) -> Result<ReleaseOutcome, LockError> {
         match self {
             Backend::Redis(r) => r.release(names, token, done_retention).await,
+            Backend::Redlock(r) => r.release(names, token, done_retention).await,
             Backend::Memory(m) => Ok(m.release(names, token, done_retention)),
         }
     }
@@ -118,6 +123,7 @@ impl Backend {
     pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<bool>, LockError> {
         match self {
             Backend::Redis(r) => r.extend(items).await,
+            Backend::Redlock(r) => r.extend(items).await,
             Backend::Memory(m) => Ok(m.extend(items)),
         }
     }
@@ -125,6 +131,7 @@ impl Backend {
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         match self {
             Backend::Redis(r) => r.inspect(names).await,
+            Backend::Redlock(r) => r.inspect(names).await,
             Backend::Memory(m) => Ok(m.inspect(names)),
         }
     }
@@ -134,6 +141,7 @@ impl Backend {
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         match self {
             Backend::Redis(r) => r.watch_releases(names).await,
+            Backend::Redlock(r) => r.watch_releases(names).await,
             Backend::Memory(m) => Ok(m.watch_releases(names)),
         }
     }

@@ -48,6 +48,7 @@ struct Scripts {
     release: Script,
     extend: Script,
     inspect: Script,
+    raise_fence: Script,
 }
 
 impl Scripts {
@@ -57,6 +58,7 @@ impl Scripts {
             release: Script::new(include_str!("lua/release.lua")),
             extend: Script::new(include_str!("lua/extend.lua")),
             inspect: Script::new(include_str!("lua/inspect.lua")),
+            raise_fence: Script::new(include_str!("lua/raise_fence.lua")),
         }
     }
 }
@@ -71,6 +73,22 @@ impl RedisBackend {
     /// Connects, checks the server answers and loads the scripts; bounded by the connect
     /// timeout so an unreachable server fails `build()` quickly.
     pub(crate) async fn connect(options: RedisOptions) -> Result<Self, LockError> {
+        let (backend, unreachable) =
+            Self::connect_with(options, Arc::new(ReleaseHub::default()), false).await?;
+        match unreachable {
+            Some(e) => Err(e),
+            None => Ok(backend),
+        }
+    }
+
+    /// Connects to one server and notifies `hub` of its releases. With `allow_unreachable`, a
+    /// server that does not answer yields a handle that connects lazily, plus the error (for
+    /// Redlock, where a minority of nodes may be down).
+    pub(crate) async fn connect_with(
+        options: RedisOptions,
+        hub: Arc<ReleaseHub>,
+        allow_unreachable: bool,
+    ) -> Result<(Self, Option<LockError>), LockError> {
         let shown_url = redact_url(&options.url);
         let mut secrets = Vec::new();
         if let Some(secret) = url_secret(&options.url) {
@@ -96,24 +114,49 @@ impl RedisBackend {
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             Ok::<_, redis::RedisError>(conn)
         };
-        let conn = match tokio::time::timeout(options.connect_timeout, connect).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                return Err(BackendError::redis(
-                    &format!("cannot connect to Redis at `{shown_url}`"),
+        let failure: LockError = match tokio::time::timeout(options.connect_timeout, connect).await
+        {
+            Ok(Ok(conn)) => {
+                let backend = RedisBackend {
+                    conn,
+                    client,
+                    options,
+                    secrets,
+                    shown_url,
+                    scripts: Scripts::new(),
+                    subscriber: OnceCell::new(),
+                    hub,
+                };
+                backend.load_scripts().await?;
+                return Ok((backend, None));
+            }
+            Ok(Err(e)) => BackendError::redis(
+                &format!("cannot connect to Redis at `{shown_url}`"),
+                e,
+                &secrets,
+            )
+            .into(),
+            Err(_) => BackendError::msg(format!(
+                "cannot connect to Redis at `{shown_url}`: no answer within {:?}",
+                options.connect_timeout
+            ))
+            .into(),
+        };
+        if !allow_unreachable {
+            return Err(failure);
+        }
+        let lazy_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.command_timeout))
+            .set_number_of_retries(1);
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), lazy_config).map_err(|e| {
+                LockError::from(BackendError::redis(
+                    &format!("cannot set up a connection to `{shown_url}`"),
                     e,
                     &secrets,
-                )
-                .into());
-            }
-            Err(_) => {
-                return Err(BackendError::msg(format!(
-                    "cannot connect to Redis at `{shown_url}`: no answer within {:?}",
-                    options.connect_timeout
                 ))
-                .into());
-            }
-        };
+            })?;
         let backend = RedisBackend {
             conn,
             client,
@@ -122,10 +165,14 @@ impl RedisBackend {
             shown_url,
             scripts: Scripts::new(),
             subscriber: OnceCell::new(),
-            hub: Arc::new(ReleaseHub::default()),
+            hub,
         };
-        backend.load_scripts().await?;
-        Ok(backend)
+        Ok((backend, Some(failure)))
+    }
+
+    /// The server's URL with credentials hidden.
+    pub(crate) fn shown_url(&self) -> &str {
+        &self.shown_url
     }
 
     async fn load_scripts(&self) -> Result<(), LockError> {
@@ -135,6 +182,7 @@ impl RedisBackend {
             &self.scripts.release,
             &self.scripts.extend,
             &self.scripts.inspect,
+            &self.scripts.raise_fence,
         ] {
             script
                 .prepare_invoke()
@@ -225,6 +273,28 @@ impl RedisBackend {
         })
     }
 
+    /// Redlock: lifts this node's fence counter to `fence` and stamps the record with it;
+    /// true when the record here is ours.
+    pub(crate) async fn raise_fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let reply: i64 = self
+            .scripts
+            .raise_fence
+            .key(&names.record)
+            .key(&names.fence)
+            .arg(token)
+            .arg(fence)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("fence update of `{}` failed", names.key), e))?;
+        Ok(reply == 1)
+    }
+
     pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<bool>, LockError> {
         if items.is_empty() {
             return Ok(Vec::new());
@@ -290,73 +360,78 @@ impl RedisBackend {
     }
 
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        let (notify, first) = self.hub.watch(&names.channel);
+        if first {
+            self.subscribe(&names.channel)
+                .await
+                .map_err(|e| self.wait_error(names, e))?;
+        }
+        let Some(handle) = self.subscriber_handle() else {
+            return Err(self.wait_error(names, None));
+        };
+        Ok(handle.watch(notify, &names.channel))
+    }
+
+    fn wait_error(&self, names: &KeyNames, e: Option<redis::RedisError>) -> LockError {
+        match e {
+            Some(e) => self.error(&format!("cannot wait for `{}`", names.key), e),
+            None => BackendError::msg(format!(
+                "cannot wait for `{}`: the subscriber connection to `{}` has stopped",
+                names.key, self.shown_url
+            ))
+            .into(),
+        }
+    }
+
+    /// Subscribes this server's subscriber connection (started on first use) to `channel`;
+    /// resolves once the server confirmed. `Err(None)`: the subscriber task is gone.
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<(), Option<redis::RedisError>> {
         let subscriber = self
             .subscriber
             .get_or_try_init(|| self.start_subscriber())
-            .await?;
-        let (notify, first) = self.hub.watch(&names.channel);
-        let commands = subscriber.commands.clone();
-        if first {
-            let (ack_tx, ack_rx) = oneshot::channel();
-            let sent = commands.send(SubscriberCommand::Subscribe(names.channel.clone(), ack_tx));
-            let acked = match sent {
-                Ok(()) => ack_rx.await.ok(),
-                Err(_) => None,
-            };
-            match acked {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    return Err(self.error(&format!("cannot wait for `{}`", names.key), e));
-                }
-                None => {
-                    return Err(BackendError::msg(format!(
-                        "cannot wait for `{}`: the subscriber connection has stopped",
-                        names.key
-                    ))
-                    .into());
-                }
-            }
+            .await
+            .map_err(Some)?;
+        let (ack_tx, ack_rx) = oneshot::channel();
+        subscriber
+            .commands
+            .send(SubscriberCommand::Subscribe(channel.to_owned(), ack_tx))
+            .map_err(|_| None)?;
+        match ack_rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Some(e)),
+            Err(_) => Err(None),
         }
-        let channel = names.channel.clone();
-        let requeue_commands = commands.clone();
-        let requeue_channel = channel.clone();
-        Ok(ReleaseWatch::new(
-            notify,
-            Some(Box::new(move || {
-                let _ = commands.send(SubscriberCommand::Unsubscribe(channel));
-            })),
-        )
-        .with_requeue(Box::new(move || {
-            let _ = requeue_commands.send(SubscriberCommand::Requeue(requeue_channel.clone()));
-        })))
+    }
+
+    /// A handle on the running subscriber, if it was started.
+    pub(crate) fn subscriber_handle(&self) -> Option<SubscriberHandle> {
+        self.subscriber.get().map(|s| SubscriberHandle {
+            commands: s.commands.clone(),
+        })
     }
 
     /// Opens the runtime's one subscription connection and the task that owns it: it turns
     /// pushes into wake-ups and performs every (un)subscription in order, so a waiter arriving
     /// as the last one leaves can never be unsubscribed by mistake. The task ends when the
     /// backend is dropped.
-    async fn start_subscriber(&self) -> Result<Subscriber, LockError> {
+    async fn start_subscriber(&self) -> Result<Subscriber, redis::RedisError> {
         let info = self
             .client
             .get_connection_info()
             .clone()
-            .into_connection_info()
-            .map_err(|e| self.error("cannot set up the subscriber", e))?;
+            .into_connection_info()?;
         let settings = info
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings))
-            .map_err(|e| self.error("cannot set up the subscriber", e))?;
+        let client = Client::open(info.set_redis_settings(settings))?;
         let (push_tx, mut push_rx) = mpsc::unbounded_channel();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.options.connect_timeout))
             .set_response_timeout(Some(self.options.command_timeout))
             .set_push_sender(push_tx)
             .set_automatic_resubscription();
-        let mut conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| self.error("cannot open the subscriber connection", e))?;
+        let mut conn = ConnectionManager::new_with_config(client, config).await?;
         let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
         let hub = Arc::downgrade(&self.hub);
         tokio::spawn(async move {
@@ -409,7 +484,56 @@ impl RedisBackend {
     }
 }
 
+/// A cloneable way to ask a server's subscriber task to drop or rotate a subscription.
+#[derive(Debug, Clone)]
+pub(crate) struct SubscriberHandle {
+    commands: mpsc::UnboundedSender<SubscriberCommand>,
+}
+
+impl SubscriberHandle {
+    pub(crate) fn unsubscribe(&self, channel: &str) {
+        let _ = self
+            .commands
+            .send(SubscriberCommand::Unsubscribe(channel.to_owned()));
+    }
+
+    pub(crate) fn requeue(&self, channel: &str) {
+        let _ = self
+            .commands
+            .send(SubscriberCommand::Requeue(channel.to_owned()));
+    }
+
+    /// A watch of `channel` on these subscribers that unsubscribes when dropped.
+    pub(crate) fn watch_all(
+        handles: Vec<SubscriberHandle>,
+        notify: Arc<tokio::sync::Notify>,
+        channel: &str,
+    ) -> ReleaseWatch {
+        let on_drop_handles = handles.clone();
+        let drop_channel = channel.to_owned();
+        let requeue_channel = channel.to_owned();
+        ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                for h in &on_drop_handles {
+                    h.unsubscribe(&drop_channel);
+                }
+            })),
+        )
+        .with_requeue(Box::new(move || {
+            for h in &handles {
+                h.requeue(&requeue_channel);
+            }
+        }))
+    }
+
+    fn watch(self, notify: Arc<tokio::sync::Notify>, channel: &str) -> ReleaseWatch {
+        Self::watch_all(vec![self], notify, channel)
+    }
+}
+
 /// Work for the subscriber task.
+#[derive(Debug)]
 enum SubscriberCommand {
     Subscribe(String, oneshot::Sender<redis::RedisResult<()>>),
     Unsubscribe(String),

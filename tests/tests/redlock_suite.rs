@@ -1,0 +1,114 @@
+//! The behaviour and attribute suites on a Redlock quorum of five independent redis-servers,
+//! and the faults that only a quorum survives.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::{RedisServer, TestStore};
+
+lock_tests::behaviour_suite!(lock_tests::TestStore::redlock());
+lock_tests::attribute_suite!(lock_tests::TestStore::redlock());
+
+fn servers(store: &mut TestStore) -> &mut Vec<RedisServer> {
+    match store {
+        TestStore::Redlock(servers) => servers,
+        _ => unreachable!("made as redlock"),
+    }
+}
+
+/// Two of five masters down: locks are still taken and released; three down: a clear error
+/// naming the failed masters, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_tolerates_two_of_five_down_and_fails_fast_at_three() {
+    let mut store = TestStore::redlock();
+    let runtime = store.runtime().await;
+    {
+        let nodes = servers(&mut store);
+        nodes[0].kill();
+        nodes[1].kill();
+    }
+    let guard = runtime
+        .lock("quorum")
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await
+        .expect("acquire with 3 of 5 masters")
+        .expect("free");
+    assert!(guard.release().await.expect("release"));
+
+    let down_port = servers(&mut store)[2].port();
+    servers(&mut store)[2].kill();
+    let started = std::time::Instant::now();
+    let err = runtime
+        .lock("quorum")
+        .try_acquire()
+        .await
+        .expect_err("2 of 5 masters cannot make a quorum");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "fails fast: {:?}",
+        started.elapsed()
+    );
+    let message = err.to_string();
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(message.contains("quorum is 3"), "{message}");
+    assert!(
+        message.contains(&down_port.to_string()),
+        "names the failed master: {message}"
+    );
+
+    // A new runtime cannot even be built without a quorum.
+    let ports: Vec<String> = servers(&mut store).iter().map(RedisServer::url).collect();
+    let err = LockRuntime::builder()
+        .redlock(ports)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect_err("no quorum at startup");
+    assert!(
+        err.to_string().contains("only 2 of 5 masters answered"),
+        "{err}"
+    );
+}
+
+/// A master killed and restarted empty during a lease does not let a second holder in while
+/// the quorum still holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_empty_master_does_not_admit_a_second_holder() {
+    let mut store = TestStore::redlock();
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("restart")
+        .ttl(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    servers(&mut store)[0].restart();
+    servers(&mut store)[1].restart();
+    // Two masters forgot the lock; three still hold it.
+    for _ in 0..10 {
+        assert!(
+            b.lock("restart")
+                .try_acquire()
+                .await
+                .expect("try")
+                .is_none(),
+            "a second holder got in while 3 of 5 masters hold the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Renewals keep the lease through the restarts (quorum of renewals).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!guard.lease().is_lost());
+    let first_fence = guard.lease().fence();
+    assert!(guard.release().await.expect("release"));
+    let next = b
+        .lock("restart")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free after the release");
+    assert!(next.lease().fence() > first_fence);
+}
