@@ -154,3 +154,152 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A Redis Cluster of real `redis-server` processes (masters with one replica each) on free
+/// loopback ports, formed with `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// Every node, masters and replicas; the roles change on failover.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters and one replica for each, and waits until the cluster is ok.
+    pub fn start(masters: usize) -> Self {
+        let mut nodes = Vec::new();
+        for _ in 0..masters * 2 {
+            let bus = free_port().to_string();
+            nodes.push(RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-port",
+                &bus,
+            ]));
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("running redis-cli --cluster create (Debian: apt-get install -y redis-tools)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and agrees on the slots.
+    pub fn wait_until_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let all_ok = self.nodes.iter().all(|node| {
+                node.client()
+                    .get_connection()
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .map(|info| {
+                        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                    })
+                    .unwrap_or(false)
+            });
+            if all_ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ok in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The index of the master serving `key`, and of one of its replicas (as node 0 sees it).
+    /// Waits (up to 15 s) for the replica to be attached.
+    pub fn master_and_replica_of(&self, key: &str) -> (usize, usize) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let (master, Some(replica)) = self.shard_of(0, key) {
+                return (master, replica);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shard of {key} got no replica"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The master serving `key` and a replica if any, as node `asked` sees the cluster.
+    pub fn shard_of(&self, asked: usize, key: &str) -> (usize, Option<usize>) {
+        let mut conn = self.nodes[asked]
+            .client()
+            .get_connection()
+            .expect("connect");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .expect("CLUSTER KEYSLOT");
+        let shards: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut conn)
+            .expect("CLUSTER SLOTS");
+        let port_of = |v: &redis::Value| -> Option<u16> {
+            match v {
+                redis::Value::Array(parts) => match parts.get(1) {
+                    Some(redis::Value::Int(p)) => u16::try_from(*p).ok(),
+                    _ => None,
+                },
+                _ => None,
+            }
+        };
+        let redis::Value::Array(ranges) = shards else {
+            panic!("CLUSTER SLOTS answered {shards:?}")
+        };
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                continue;
+            };
+            let (Some(redis::Value::Int(start)), Some(redis::Value::Int(end))) =
+                (parts.first(), parts.get(1))
+            else {
+                continue;
+            };
+            if (*start..=*end).contains(&slot) {
+                let master = parts.get(2).and_then(port_of).expect("a master");
+                let replica = parts.get(3).and_then(port_of);
+                let index = |port: u16| {
+                    self.nodes
+                        .iter()
+                        .position(|n| n.port() == port)
+                        .expect("a node of this cluster")
+                };
+                return (index(master), replica.map(index));
+            }
+        }
+        panic!("no shard serves slot {slot}");
+    }
+
+    /// A redis-rs cluster client, for checks and fault injection.
+    pub fn client(&self) -> redis::cluster::ClusterClient {
+        redis::cluster::ClusterClient::new(self.urls()).expect("cluster URLs parse")
+    }
+}

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore};
 
-use crate::RedisServer;
+use crate::{RedisCluster, RedisServer};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -15,6 +15,8 @@ pub enum TestStore {
     Redis(RedisServer),
     /// Five independent redis-servers, locked by Redlock quorum.
     Redlock(Vec<RedisServer>),
+    /// A 3-master, 3-replica Redis Cluster.
+    Cluster(RedisCluster),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -30,6 +32,11 @@ impl TestStore {
         TestStore::Redis(RedisServer::start())
     }
 
+    /// A fresh 3-master, 3-replica cluster.
+    pub fn cluster() -> Self {
+        TestStore::Cluster(RedisCluster::start(3))
+    }
+
     /// Five fresh redis-servers for Redlock.
     pub fn redlock() -> Self {
         TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
@@ -43,6 +50,7 @@ impl TestStore {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Redis(server) => builder.redis(server.url()),
             TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
+            TestStore::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
         };
         builder
             .build()
@@ -59,6 +67,18 @@ impl TestStore {
                 for server in servers {
                     delete_on(server, key).await;
                 }
+            }
+            TestStore::Cluster(cluster) => {
+                let mut conn = cluster
+                    .client()
+                    .get_async_connection()
+                    .await
+                    .expect("connecting to the test cluster");
+                let _: () = redis::cmd("DEL")
+                    .arg(format!("lock:{{{key}}}"))
+                    .query_async(&mut conn)
+                    .await
+                    .expect("DEL of a lock record");
             }
         }
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::LockError;
 
+mod conn;
 mod hub;
 mod memory;
 mod redis;

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
 use redis::{Client, IntoConnectionInfo, ProtocolVersion, PushKind, Script, Value};
 use tokio::sync::{OnceCell, mpsc, oneshot};
 
+use super::conn::{Conn, SubConn, slot};
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, ReleaseWatch,
 };
@@ -17,20 +19,37 @@ use crate::{BackendError, LockError};
 /// How the builder asked to connect.
 #[derive(Debug, Clone)]
 pub(crate) struct RedisOptions {
-    pub(crate) url: String,
+    /// One URL for a single server; the seed nodes for a Cluster.
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
 }
 
-/// A store on one Redis server (standalone, or the master a URL points at).
+impl RedisOptions {
+    pub(crate) fn single(
+        url: String,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Self {
+        RedisOptions {
+            urls: vec![url],
+            cluster: false,
+            connect_timeout,
+            command_timeout,
+        }
+    }
+}
+
+/// A store on one Redis server (standalone, or the master a URL points at) or on a Redis
+/// Cluster. Every script touches only keys of one lock, which share a hash slot.
 pub(crate) struct RedisBackend {
-    conn: ConnectionManager,
-    client: Client,
+    conn: Conn,
     options: RedisOptions,
-    /// Texts that must never appear in an error: the URL's password, raw and decoded.
+    /// Texts that must never appear in an error: the URLs' passwords, raw and decoded.
     secrets: Vec<String>,
     shown_url: String,
-    scripts: Scripts,
+    scripts: Arc<Scripts>,
     subscriber: OnceCell<Subscriber>,
     hub: Arc<ReleaseHub>,
 }
@@ -39,6 +58,7 @@ impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &self.shown_url)
+            .field("cluster", &self.options.cluster)
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +89,20 @@ struct Subscriber {
     commands: mpsc::UnboundedSender<SubscriberCommand>,
 }
 
+fn secrets_of(urls: &[String]) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for url in urls {
+        if let Some(secret) = url_secret(url) {
+            let decoded = percent_decode(&secret);
+            if decoded != secret {
+                secrets.push(decoded);
+            }
+            secrets.push(secret);
+        }
+    }
+    secrets
+}
+
 impl RedisBackend {
     /// Connects, checks the server answers and loads the scripts; bounded by the connect
     /// timeout so an unreachable server fails `build()` quickly.
@@ -81,89 +115,103 @@ impl RedisBackend {
         }
     }
 
-    /// Connects to one server and notifies `hub` of its releases. With `allow_unreachable`, a
-    /// server that does not answer yields a handle that connects lazily, plus the error (for
-    /// Redlock, where a minority of nodes may be down).
+    /// Connects and notifies `hub` of releases. With `allow_unreachable` (Redlock nodes), a
+    /// server that does not answer yields a handle that connects lazily, plus the error.
     pub(crate) async fn connect_with(
         options: RedisOptions,
         hub: Arc<ReleaseHub>,
         allow_unreachable: bool,
     ) -> Result<(Self, Option<LockError>), LockError> {
-        let shown_url = redact_url(&options.url);
-        let mut secrets = Vec::new();
-        if let Some(secret) = url_secret(&options.url) {
-            let decoded = percent_decode(&secret);
-            if decoded != secret {
-                secrets.push(decoded);
-            }
-            secrets.push(secret);
-        }
-        let client = Client::open(options.url.as_str()).map_err(|e| {
+        let shown_url = options
+            .urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let secrets = secrets_of(&options.urls);
+        let bad_url = |e: redis::RedisError| {
             LockError::config(format!(
                 "cannot use Redis URL `{shown_url}`: {}",
                 scrub(&e.to_string(), &secrets)
             ))
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.command_timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(1));
+        };
+        let what = if options.cluster {
+            "Redis Cluster"
+        } else {
+            "Redis"
+        };
         let connect = async {
-            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await?;
-            Ok::<_, redis::RedisError>(conn)
+            let mut conn = if options.cluster {
+                let client = ClusterClientBuilder::new(options.urls.iter().map(String::as_str))
+                    .connection_timeout(options.connect_timeout)
+                    .response_timeout(options.command_timeout)
+                    .build()
+                    .map_err(|e| Err(bad_url(e)))?;
+                Conn::Cluster(client.get_async_connection().await.map_err(Ok)?)
+            } else {
+                let url = options.urls.first().map(String::as_str).unwrap_or_default();
+                let client = Client::open(url).map_err(|e| Err(bad_url(e)))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(options.connect_timeout))
+                    .set_response_timeout(Some(options.command_timeout))
+                    .set_number_of_retries(3)
+                    .set_max_delay(Duration::from_secs(1));
+                Conn::Single(
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(Ok)?,
+                )
+            };
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(Ok)?;
+            Ok::<_, Result<redis::RedisError, LockError>>(conn)
         };
         let failure: LockError = match tokio::time::timeout(options.connect_timeout, connect).await
         {
             Ok(Ok(conn)) => {
                 let backend = RedisBackend {
                     conn,
-                    client,
                     options,
                     secrets,
                     shown_url,
-                    scripts: Scripts::new(),
+                    scripts: Arc::new(Scripts::new()),
                     subscriber: OnceCell::new(),
                     hub,
                 };
                 backend.load_scripts().await?;
                 return Ok((backend, None));
             }
-            Ok(Err(e)) => BackendError::redis(
-                &format!("cannot connect to Redis at `{shown_url}`"),
+            Ok(Err(Err(config_error))) => return Err(config_error),
+            Ok(Err(Ok(e))) => BackendError::redis(
+                &format!("cannot connect to {what} at `{shown_url}`"),
                 e,
                 &secrets,
             )
             .into(),
             Err(_) => BackendError::msg(format!(
-                "cannot connect to Redis at `{shown_url}`: no answer within {:?}",
+                "cannot connect to {what} at `{shown_url}`: no answer within {:?}",
                 options.connect_timeout
             ))
             .into(),
         };
-        if !allow_unreachable {
+        if !allow_unreachable || options.cluster {
             return Err(failure);
         }
+        let url = options.urls.first().map(String::as_str).unwrap_or_default();
+        let client = Client::open(url).map_err(bad_url)?;
         let lazy_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout))
             .set_number_of_retries(1);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), lazy_config).map_err(|e| {
-                LockError::from(BackendError::redis(
-                    &format!("cannot set up a connection to `{shown_url}`"),
-                    e,
-                    &secrets,
-                ))
-            })?;
+        let conn = ConnectionManager::new_lazy_with_config(client, lazy_config).map_err(bad_url)?;
         let backend = RedisBackend {
-            conn,
-            client,
+            conn: Conn::Single(conn),
             options,
             secrets,
             shown_url,
-            scripts: Scripts::new(),
+            scripts: Arc::new(Scripts::new()),
             subscriber: OnceCell::new(),
             hub,
         };
@@ -263,6 +311,7 @@ impl RedisBackend {
             .arg(token)
             .arg(&names.channel)
             .arg(done_retention.map_or(0, millis_ceil))
+            .arg(if self.options.cluster { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
@@ -299,27 +348,46 @@ impl RedisBackend {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = self.scripts.extend.prepare_invoke();
-        for item in items {
-            invocation
-                .key(&item.record)
-                .arg(&item.token)
-                .arg(millis_ceil(item.ttl));
+        if !self.options.cluster {
+            return self
+                .extend_group(self.conn.clone(), self.scripts.clone(), items)
+                .await;
         }
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = invocation
-            .invoke_async(&mut conn)
+        // A script may only touch keys of one slot: one call per slot, all in flight at once.
+        let mut by_slot: std::collections::HashMap<u16, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_slot.entry(slot(&item.record)).or_default().push(i);
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (_, indexes) in by_slot {
+            let group: Vec<ExtendItem> = indexes.iter().map(|&i| items[i].clone()).collect();
+            let conn = self.conn.clone();
+            let scripts = self.scripts.clone();
+            calls.spawn(async move { (indexes, run_extend(conn, scripts, &group).await) });
+        }
+        let mut renewed = vec![false; items.len()];
+        while let Some(joined) = calls.join_next().await {
+            let (indexes, result) = joined.map_err(|e| {
+                LockError::from(BackendError::msg(format!("lease renewal task failed: {e}")))
+            })?;
+            let answers = result.map_err(|e| self.error("lease renewal failed", e))?;
+            for (i, ok) in indexes.into_iter().zip(answers) {
+                renewed[i] = ok;
+            }
+        }
+        Ok(renewed)
+    }
+
+    async fn extend_group(
+        &self,
+        conn: Conn,
+        scripts: Arc<Scripts>,
+        items: &[ExtendItem],
+    ) -> Result<Vec<bool>, LockError> {
+        run_extend(conn, scripts, items)
             .await
-            .map_err(|e| self.error("lease renewal failed", e))?;
-        if reply.len() != items.len() {
-            return Err(BackendError::msg(format!(
-                "lease renewal answered {} results for {} leases",
-                reply.len(),
-                items.len()
-            ))
-            .into());
-        }
-        Ok(reply.into_iter().map(|r| r == 1).collect())
+            .map_err(|e| self.error("lease renewal failed", e))
     }
 
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
@@ -415,23 +483,35 @@ impl RedisBackend {
     /// as the last one leaves can never be unsubscribed by mistake. The task ends when the
     /// backend is dropped.
     async fn start_subscriber(&self) -> Result<Subscriber, redis::RedisError> {
-        let info = self
-            .client
-            .get_connection_info()
-            .clone()
-            .into_connection_info()?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings))?;
         let (push_tx, mut push_rx) = mpsc::unbounded_channel();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.options.connect_timeout))
-            .set_response_timeout(Some(self.options.command_timeout))
-            .set_push_sender(push_tx)
-            .set_automatic_resubscription();
-        let mut conn = ConnectionManager::new_with_config(client, config).await?;
+        let mut conn = if self.options.cluster {
+            let client = ClusterClientBuilder::new(self.options.urls.iter().map(String::as_str))
+                .connection_timeout(self.options.connect_timeout)
+                .response_timeout(self.options.command_timeout)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(push_tx)
+                .build()?;
+            SubConn::Cluster(client.get_async_connection().await?)
+        } else {
+            let url = self
+                .options
+                .urls
+                .first()
+                .map(String::as_str)
+                .unwrap_or_default();
+            let info = url.into_connection_info()?;
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            let client = Client::open(info.set_redis_settings(settings))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.options.connect_timeout))
+                .set_response_timeout(Some(self.options.command_timeout))
+                .set_push_sender(push_tx)
+                .set_automatic_resubscription();
+            SubConn::Single(ConnectionManager::new_with_config(client, config).await?)
+        };
         let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
         let hub = Arc::downgrade(&self.hub);
         tokio::spawn(async move {
@@ -441,7 +521,7 @@ impl RedisBackend {
                         let Some(push) = push else { break };
                         let Some(hub) = hub.upgrade() else { break };
                         match push.kind {
-                            PushKind::Message => {
+                            PushKind::Message | PushKind::SMessage => {
                                 if let Some(channel) = push.data.first() {
                                     hub.notify(&value_text(channel));
                                 }
@@ -538,6 +618,29 @@ enum SubscriberCommand {
     Subscribe(String, oneshot::Sender<redis::RedisResult<()>>),
     Unsubscribe(String),
     Requeue(String),
+}
+
+/// One extend script call for leases that share a slot; one answer per item.
+async fn run_extend(
+    mut conn: Conn,
+    scripts: Arc<Scripts>,
+    items: &[ExtendItem],
+) -> Result<Vec<bool>, redis::RedisError> {
+    let mut invocation = scripts.extend.prepare_invoke();
+    for item in items {
+        invocation
+            .key(&item.record)
+            .arg(&item.token)
+            .arg(millis_ceil(item.ttl));
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+    if reply.len() != items.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "renewal answered a different number of results than leases",
+        )));
+    }
+    Ok(reply.into_iter().map(|r| r == 1).collect())
 }
 
 fn pttl_of(pttl: i64) -> Option<Duration> {

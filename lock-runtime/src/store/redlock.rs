@@ -61,11 +61,7 @@ impl RedlockBackend {
         for (i, url) in urls.into_iter().enumerate() {
             let hub = hub.clone();
             connecting.spawn(async move {
-                let options = RedisOptions {
-                    url,
-                    connect_timeout,
-                    command_timeout,
-                };
+                let options = RedisOptions::single(url, connect_timeout, command_timeout);
                 (i, RedisBackend::connect_with(options, hub, true).await)
             });
         }

@@ -1,6 +1,7 @@
 -- Give a lock back, only if the caller's token still owns it.
 -- KEYS[1] record hash   KEYS[2] done marker
 -- ARGV[1] token   ARGV[2] release channel   ARGV[3] done retention ms (0: write no marker)
+-- ARGV[4] '1' on a Redis Cluster: publish on the sharded channel of the lock's slot
 -- Returns 1 released | 2 kept until min_hold passes | 0 not ours (expired or taken over)
 -- pcall: a foreign value at the key is simply "not ours".
 local r = redis.pcall('HMGET', KEYS[1], 'token', 'min_hold_until_ms')
@@ -20,5 +21,9 @@ if hold_until > 0 then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[1])
+if ARGV[4] == '1' then
+  redis.call('SPUBLISH', ARGV[2], ARGV[1])
+else
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+end
 return 1

@@ -1,0 +1,114 @@
+//! One connection type over a single Redis server or a Redis Cluster, so the scripts and the
+//! subscriber code are written once.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// The command connection of a store: a self-reconnecting multiplexed connection to one
+/// server, or a cluster connection that follows MOVED/ASK and topology changes.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The subscription connection: plain SUBSCRIBE on one server; sharded SSUBSCRIBE on a
+/// Cluster, where the release channel lives in the lock's own slot. Sharded pub/sub sends a
+/// release only to the shard that owns the slot, instead of broadcasting every release over
+/// the cluster bus to every node as PUBLISH does; the cluster connection re-subscribes by
+/// itself when the slot moves.
+pub(crate) enum SubConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl SubConn {
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            SubConn::Single(c) => c.subscribe(channel).await,
+            SubConn::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            SubConn::Single(c) => c.unsubscribe(channel).await,
+            SubConn::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// The Redis Cluster hash slot of a key (CRC16/XMODEM of its hash tag, mod 16384).
+pub(crate) fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = key
+        .find('{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Reference values from CLUSTER KEYSLOT.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("lock:{foo}"), 12182);
+        assert_eq!(slot("lock:{foo}:fence"), 12182);
+        assert_eq!(slot("{}bar"), slot("{}bar"));
+    }
+}

@@ -1,0 +1,83 @@
+//! The behaviour and attribute suites on a real 3-master, 3-replica Redis Cluster, and a
+//! failover of the master that owns a held lock's slot.
+
+use std::time::Duration;
+
+use lock_tests::TestStore;
+
+lock_tests::behaviour_suite!(lock_tests::TestStore::cluster());
+lock_tests::attribute_suite!(lock_tests::TestStore::cluster());
+
+/// CLUSTER FAILOVER of the master owning a held lock's slot: the holder either keeps its lease
+/// (its renewals follow the slot to the new master) or is told it lost it; a second runtime
+/// never holds the lock while the first still believes it does, unless the fence tells them
+/// apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_of_the_slot_owner_keeps_or_reports_the_lease() {
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("failover")
+        .ttl(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let (_, replica) = cluster.master_and_replica_of("lock:{failover}");
+    let mut conn = cluster.nodes[replica]
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the replica");
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query_async(&mut conn)
+        .await
+        .expect("CLUSTER FAILOVER");
+    // Watch for 4 s, past two ttls, while the slot moves.
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    let mut b_held = 0;
+    while tokio::time::Instant::now() < until {
+        match b
+            .lock("failover")
+            .ttl(Duration::from_millis(1500))
+            .try_acquire()
+            .await
+        {
+            Ok(Some(other)) => {
+                b_held += 1;
+                assert!(
+                    guard.lease().is_lost() || other.lease().fence() > guard.lease().fence(),
+                    "two holders at once and the fence does not tell them apart"
+                );
+                other.release().await.ok();
+            }
+            Ok(None) => {}
+            // A moment of unavailability during the failover is fine; it must not last.
+            Err(e) => eprintln!("during failover: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (new_master, _) = cluster.shard_of(replica, "lock:{failover}");
+    assert_eq!(new_master, replica, "the replica took over the slot");
+    if guard.lease().is_lost() {
+        eprintln!("the holder was told it lost the lease during failover");
+    } else {
+        assert_eq!(
+            b_held, 0,
+            "the holder kept its lease, so nobody else got the lock"
+        );
+        assert!(guard.release().await.expect("release on the new master"));
+    }
+    // The runtime keeps working against the new topology.
+    let again = b
+        .lock("failover")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("acquire after the failover");
+    again.release().await.expect("release");
+}
