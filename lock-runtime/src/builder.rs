@@ -25,11 +25,13 @@ pub struct LockRuntimeBuilder {
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
     node_timeout: Option<Duration>,
+    replicated: Option<(usize, Duration)>,
 }
 
 enum StoreChoice {
     Redis(String),
     Cluster(Vec<String>),
+    Sentinel(String, Vec<String>),
     Redlock(Vec<String>),
     Memory(MemoryStore),
 }
@@ -39,6 +41,7 @@ impl StoreChoice {
         match self {
             StoreChoice::Redis(_) => "redis",
             StoreChoice::Cluster(_) => "redis_cluster",
+            StoreChoice::Sentinel(..) => "redis_sentinel",
             StoreChoice::Redlock(_) => "redlock",
             StoreChoice::Memory(_) => "memory",
         }
@@ -49,6 +52,13 @@ impl std::fmt::Debug for LockRuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let store = match &self.store {
             Some(StoreChoice::Redis(url)) => format!("redis({})", redact_url(url)),
+            Some(StoreChoice::Sentinel(name, urls)) => format!(
+                "redis_sentinel({name}, {})",
+                urls.iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Some(StoreChoice::Cluster(urls)) => format!(
                 "redis_cluster({})",
                 urls.iter()
@@ -104,6 +114,38 @@ impl LockRuntimeBuilder {
         self.set_store(StoreChoice::Cluster(
             urls.into_iter().map(Into::into).collect(),
         ))
+    }
+
+    /// Lock in a Sentinel-managed master: `urls` are the sentinels (`redis://host:26379`);
+    /// their credentials are used for the master too. The master's address is asked of the
+    /// sentinels at startup and again whenever the master stops answering or refuses writes
+    /// (a failover demoted it), so the runtime follows failovers by itself.
+    ///
+    /// Replication is asynchronous: a lock the old master granted but had not yet passed on
+    /// is gone after a failover. [`replicated_acquire`](Self::replicated_acquire) closes
+    /// that gap.
+    pub fn redis_sentinel<I, S>(self, master_name: impl Into<String>, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.set_store(StoreChoice::Sentinel(
+            master_name.into(),
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// After each acquire, wait (Redis `WAIT`) until `replicas` replicas have the lock record,
+    /// for at most `timeout`; if they do not confirm in time, the lock is given back and the
+    /// acquire fails with a `LockError::Backend` saying how many confirmed. A lock acquired
+    /// this way survives a failover to one of those replicas. For `.redis(url)` (a master
+    /// with replicas) and `.redis_sentinel(..)`.
+    ///
+    /// `WAIT` holds the runtime's multiplexed connection while it waits, so other commands
+    /// of this runtime queue behind it for up to one replication round trip.
+    pub fn replicated_acquire(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicated = Some((replicas, timeout));
+        self
     }
 
     /// Lock across N independent Redis masters (Redlock): a lock is held when a quorum
@@ -187,6 +229,23 @@ impl LockRuntimeBuilder {
         check_ttl("connect_timeout", connect_timeout)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         check_ttl("command_timeout", command_timeout)?;
+        let replicated = self.replicated;
+        if let Some((replicas, timeout)) = replicated {
+            if replicas == 0 {
+                return Err(LockError::config(
+                    "replicated_acquire needs at least 1 replica",
+                ));
+            }
+            check_ttl("replicated_acquire timeout", timeout)?;
+            if matches!(
+                self.store,
+                Some(StoreChoice::Memory(_) | StoreChoice::Cluster(_) | StoreChoice::Redlock(_))
+            ) {
+                return Err(LockError::config(
+                    "replicated_acquire applies to .redis(url) and .redis_sentinel(..) only",
+                ));
+            }
+        }
         let backend = match self.store {
             None => {
                 return Err(LockError::config(
@@ -202,10 +261,30 @@ impl LockRuntimeBuilder {
                         .await?,
                 )
             }
-            Some(StoreChoice::Redis(url)) => Backend::Redis(
-                RedisBackend::connect(RedisOptions::single(url, connect_timeout, command_timeout))
+            Some(StoreChoice::Redis(url)) => {
+                let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
+                options.replicated = replicated;
+                Backend::Redis(RedisBackend::connect(options).await?)
+            }
+            Some(StoreChoice::Sentinel(master_name, urls)) => {
+                check_name("sentinel master name", &master_name)?;
+                if urls.is_empty() {
+                    return Err(LockError::config(
+                        "redis_sentinel needs at least one sentinel URL",
+                    ));
+                }
+                Backend::Redis(
+                    RedisBackend::connect(RedisOptions {
+                        urls,
+                        cluster: false,
+                        sentinel_master: Some(master_name),
+                        replicated,
+                        connect_timeout,
+                        command_timeout,
+                    })
                     .await?,
-            ),
+                )
+            }
             Some(StoreChoice::Cluster(urls)) => {
                 if urls.is_empty() {
                     return Err(LockError::config(
@@ -216,6 +295,8 @@ impl LockRuntimeBuilder {
                     RedisBackend::connect(RedisOptions {
                         urls,
                         cluster: true,
+                        sentinel_master: None,
+                        replicated: None,
                         connect_timeout,
                         command_timeout,
                     })

@@ -7,5 +7,5 @@ pub mod server;
 pub mod store;
 pub mod suite;
 
-pub use server::{RedisCluster, RedisServer};
+pub use server::{RedisCluster, RedisServer, SentinelSet};
 pub use store::TestStore;

@@ -13,6 +13,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
+    /// Set for a sentinel: its configuration file's contents.
+    sentinel_conf: Option<String>,
 }
 
 /// Panics with an install hint when `redis-server` is missing: a missing server is a failure,
@@ -54,12 +56,38 @@ impl RedisServer {
             port: 0,
             dir,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            sentinel_conf: None,
         };
+        server.start_on_a_free_port();
+        server
+    }
+
+    /// Starts a sentinel monitoring the master on `master_port` as `master_name` (quorum 2).
+    pub fn start_sentinel(master_name: &str, master_port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("creating a temp dir for redis-sentinel");
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra_args: Vec::new(),
+            sentinel_conf: Some(format!(
+                "sentinel monitor {master_name} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {master_name} 1000\n\
+                 sentinel failover-timeout {master_name} 5000\n\
+                 sentinel parallel-syncs {master_name} 1\n"
+            )),
+        };
+        server.start_on_a_free_port();
+        server
+    }
+
+    fn start_on_a_free_port(&mut self) {
+        let server = self;
         // A port picked free can be taken before the server binds it; try a few.
         for _ in 0..5 {
             server.port = free_port();
             if server.spawn() {
-                return server;
+                return;
             }
         }
         panic!("redis-server did not start; log:\n{}", server.log());
@@ -68,10 +96,20 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let binary = redis_server_binary();
         let log = self.dir.path().join("redis.log");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        if let Some(conf) = &self.sentinel_conf {
+            let path = self.dir.path().join("sentinel.conf");
+            std::fs::write(&path, conf).expect("writing sentinel.conf");
+            command.arg(path).arg("--sentinel");
+        }
+        command
             .arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1"]);
+        if self.sentinel_conf.is_none() {
+            command.args(["--save", "", "--appendonly", "no"]);
+        }
+        let child = command
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -301,5 +339,117 @@ impl RedisCluster {
     /// A redis-rs cluster client, for checks and fault injection.
     pub fn client(&self) -> redis::cluster::ClusterClient {
         redis::cluster::ClusterClient::new(self.urls()).expect("cluster URLs parse")
+    }
+}
+
+/// A Sentinel setup: one master, one replica, three sentinels, all real processes.
+#[derive(Debug)]
+pub struct SentinelSet {
+    /// The name the sentinels monitor.
+    pub master_name: String,
+    /// The servers, master first; roles change on failover.
+    pub servers: Vec<RedisServer>,
+    /// The sentinels.
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl SentinelSet {
+    /// Starts the set and waits until the sentinels see the master and its replica.
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let port = master.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let master_name = "lockmaster".to_owned();
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_sentinel(&master_name, master.port()))
+            .collect();
+        let set = SentinelSet {
+            master_name,
+            servers: vec![master, replica],
+            sentinels,
+        };
+        set.wait_for(Duration::from_secs(20), |set| {
+            set.replica_count_seen() >= 1 && set.replica_in_sync()
+        });
+        set
+    }
+
+    /// Sentinel URLs.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The port the sentinels currently name as master.
+    pub fn master_port(&self) -> Option<u16> {
+        let mut conn = self.sentinels[0].client().get_connection().ok()?;
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master_name)
+            .query(&mut conn)
+            .ok()?;
+        Some(port)
+    }
+
+    fn replica_count_seen(&self) -> usize {
+        self.sentinels
+            .iter()
+            .filter_map(|s| {
+                let mut conn = s.client().get_connection().ok()?;
+                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("replicas")
+                    .arg(&self.master_name)
+                    .query(&mut conn)
+                    .ok()?;
+                Some(replicas.len())
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// True when a server other than the current master has an up link to it.
+    pub fn replica_in_sync(&self) -> bool {
+        let master = self.master_port();
+        self.servers
+            .iter()
+            .filter(|s| Some(s.port()) != master)
+            .any(|s| {
+                let Ok(mut conn) = s.client().get_connection() else {
+                    return false;
+                };
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                info.contains("role:slave") && info.contains("master_link_status:up")
+            })
+    }
+
+    /// Polls `ready` every 100 ms until it holds, or panics after `limit`.
+    pub fn wait_for(&self, limit: Duration, ready: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ready(self) {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel set was not ready in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Asks a sentinel to fail over and waits until they name the other server.
+    pub fn failover(&self) {
+        let before = self.master_port();
+        let mut conn = self.sentinels[0]
+            .client()
+            .get_connection()
+            .expect("connect");
+        let _: () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(&self.master_name)
+            .query(&mut conn)
+            .expect("SENTINEL FAILOVER");
+        self.wait_for(Duration::from_secs(20), |set| {
+            set.master_port().is_some() && set.master_port() != before
+        });
     }
 }

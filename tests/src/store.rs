@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore};
 
-use crate::{RedisCluster, RedisServer};
+use crate::{RedisCluster, RedisServer, SentinelSet};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -17,6 +17,8 @@ pub enum TestStore {
     Redlock(Vec<RedisServer>),
     /// A 3-master, 3-replica Redis Cluster.
     Cluster(RedisCluster),
+    /// One master, one replica, three sentinels.
+    Sentinel(SentinelSet),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -37,6 +39,11 @@ impl TestStore {
         TestStore::Cluster(RedisCluster::start(3))
     }
 
+    /// A fresh Sentinel set.
+    pub fn sentinel() -> Self {
+        TestStore::Sentinel(SentinelSet::start())
+    }
+
     /// Five fresh redis-servers for Redlock.
     pub fn redlock() -> Self {
         TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
@@ -51,6 +58,9 @@ impl TestStore {
             TestStore::Redis(server) => builder.redis(server.url()),
             TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
             TestStore::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
+            TestStore::Sentinel(set) => builder
+                .redis_sentinel(&set.master_name, set.sentinel_urls())
+                .replicated_acquire(1, std::time::Duration::from_secs(1)),
         };
         builder
             .build()
@@ -67,6 +77,15 @@ impl TestStore {
                 for server in servers {
                     delete_on(server, key).await;
                 }
+            }
+            TestStore::Sentinel(set) => {
+                let port = set.master_port().expect("the sentinels name a master");
+                let master = set
+                    .servers
+                    .iter()
+                    .find(|s| s.port() == port)
+                    .expect("a server of the set");
+                delete_on(master, key).await;
             }
             TestStore::Cluster(cluster) => {
                 let mut conn = cluster

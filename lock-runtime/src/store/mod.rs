@@ -10,6 +10,7 @@ mod hub;
 mod memory;
 mod redis;
 mod redlock;
+mod sentinel;
 
 pub(crate) use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;

@@ -10,6 +10,7 @@ use redis::{Client, IntoConnectionInfo, ProtocolVersion, PushKind, Script, Value
 use tokio::sync::{OnceCell, mpsc, oneshot};
 
 use super::conn::{Conn, SubConn, slot};
+use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec};
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, ReleaseWatch,
 };
@@ -19,9 +20,13 @@ use crate::{BackendError, LockError};
 /// How the builder asked to connect.
 #[derive(Debug, Clone)]
 pub(crate) struct RedisOptions {
-    /// One URL for a single server; the seed nodes for a Cluster.
+    /// One URL for a single server; the seed nodes for a Cluster; the sentinels for Sentinel.
     pub(crate) urls: Vec<String>,
     pub(crate) cluster: bool,
+    /// With Sentinel: the name of the monitored master.
+    pub(crate) sentinel_master: Option<String>,
+    /// After each acquire, WAIT for this many replicas for at most this long.
+    pub(crate) replicated: Option<(usize, Duration)>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
 }
@@ -35,6 +40,8 @@ impl RedisOptions {
         RedisOptions {
             urls: vec![url],
             cluster: false,
+            sentinel_master: None,
+            replicated: None,
             connect_timeout,
             command_timeout,
         }
@@ -52,6 +59,7 @@ pub(crate) struct RedisBackend {
     scripts: Arc<Scripts>,
     subscriber: OnceCell<Subscriber>,
     hub: Arc<ReleaseHub>,
+    sentinel: Option<Arc<SentinelConn>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -137,11 +145,28 @@ impl RedisBackend {
         };
         let what = if options.cluster {
             "Redis Cluster"
+        } else if options.sentinel_master.is_some() {
+            "the Redis master named by the sentinels"
         } else {
             "Redis"
         };
+        let sentinel = options.sentinel_master.as_ref().map(|master_name| {
+            SentinelConn::new(SentinelSpec {
+                master_name: master_name.clone(),
+                sentinels: options.urls.clone(),
+                connect_timeout: options.connect_timeout,
+                command_timeout: options.command_timeout,
+            })
+        });
         let connect = async {
-            let mut conn = if options.cluster {
+            let mut conn = if let Some(sentinel) = &sentinel {
+                for url in &options.urls {
+                    url.as_str()
+                        .into_connection_info()
+                        .map_err(|e| Err(bad_url(e)))?;
+                }
+                Conn::Sentinel(SentinelHandle(sentinel.clone()))
+            } else if options.cluster {
                 let client = ClusterClientBuilder::new(options.urls.iter().map(String::as_str))
                     .connection_timeout(options.connect_timeout)
                     .response_timeout(options.command_timeout)
@@ -179,6 +204,7 @@ impl RedisBackend {
                     scripts: Arc::new(Scripts::new()),
                     subscriber: OnceCell::new(),
                     hub,
+                    sentinel,
                 };
                 backend.load_scripts().await?;
                 return Ok((backend, None));
@@ -196,7 +222,7 @@ impl RedisBackend {
             ))
             .into(),
         };
-        if !allow_unreachable || options.cluster {
+        if !allow_unreachable || options.cluster || options.sentinel_master.is_some() {
             return Err(failure);
         }
         let url = options.urls.first().map(String::as_str).unwrap_or_default();
@@ -214,6 +240,7 @@ impl RedisBackend {
             scripts: Arc::new(Scripts::new()),
             subscriber: OnceCell::new(),
             hub,
+            sentinel: None,
         };
         Ok((backend, Some(failure)))
     }
@@ -281,9 +308,14 @@ impl RedisBackend {
             )))
         };
         match reply.as_slice() {
-            [Value::Int(1), Value::Int(fence)] => Ok(AcquireOutcome::Acquired {
-                fence: u64::try_from(*fence).map_err(|_| bad())?,
-            }),
+            [Value::Int(1), Value::Int(fence)] => {
+                let fence = u64::try_from(*fence).map_err(|_| bad())?;
+                if let Some((replicas, timeout)) = self.options.replicated {
+                    self.confirm_replicated(names, token, replicas, timeout, &mut conn)
+                        .await?;
+                }
+                Ok(AcquireOutcome::Acquired { fence })
+            }
             [Value::Int(0), Value::Int(pttl)] => Ok(AcquireOutcome::Held { pttl: pttl_of(*pttl) }),
             [Value::Int(2), Value::Int(pttl)] => Ok(AcquireOutcome::Done { pttl: pttl_of(*pttl) }),
             [Value::Int(3), kind] => Err(BackendError::msg(format!(
@@ -294,6 +326,40 @@ impl RedisBackend {
             .into()),
             _ => Err(bad()),
         }
+    }
+
+    /// WAITs until `replicas` replicas have the acquire; if they do not confirm in time, gives
+    /// the lock back and fails: a lock that only the master knows is lost on failover.
+    async fn confirm_replicated(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        replicas: usize,
+        timeout: Duration,
+        conn: &mut Conn,
+    ) -> Result<(), LockError> {
+        let confirmed: Result<i64, _> = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(millis_ceil(timeout))
+            .query_async(conn)
+            .await;
+        let confirmed = match confirmed {
+            Ok(n) => usize::try_from(n).unwrap_or(0),
+            Err(e) => {
+                self.release(names, token, None).await.ok();
+                return Err(self.error(&format!("WAIT after acquiring `{}` failed", names.key), e));
+            }
+        };
+        if confirmed >= replicas {
+            return Ok(());
+        }
+        self.release(names, token, None).await.ok();
+        Err(BackendError::msg(format!(
+            "lock `{}` was confirmed by {confirmed} of the {replicas} replicas required within \
+             {timeout:?}; it was given back (replicated_acquire)",
+            names.key
+        ))
+        .into())
     }
 
     pub(crate) async fn release(
@@ -493,13 +559,13 @@ impl RedisBackend {
                 .build()?;
             SubConn::Cluster(client.get_async_connection().await?)
         } else {
-            let url = self
-                .options
-                .urls
-                .first()
-                .map(String::as_str)
-                .unwrap_or_default();
-            let info = url.into_connection_info()?;
+            let url = match &self.sentinel {
+                // Published releases are replicated, so even after a failover turns this
+                // server into a replica its subscribers keep hearing them.
+                Some(sentinel) => sentinel.master_url().await?,
+                None => self.options.urls.first().cloned().unwrap_or_default(),
+            };
+            let info = url.as_str().into_connection_info()?;
             let settings = info
                 .redis_settings()
                 .clone()

@@ -13,6 +13,13 @@ if pttl ~= -2 then
   if kind ~= 'hash' then
     return {3, kind}
   end
+  -- The same token again: a retry of an acquire whose reply was lost. Grant it again, so
+  -- retrying after a broken connection can never leave an orphaned lock.
+  local mine = redis.call('HMGET', KEYS[1], 'token', 'fence')
+  if mine[1] == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return {1, tonumber(mine[2])}
+  end
   return {0, pttl}
 end
 local fence = redis.call('INCR', KEYS[2])

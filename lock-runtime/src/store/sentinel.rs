@@ -1,0 +1,211 @@
+//! A Sentinel-managed master: the master's address comes from the sentinels, and is asked for
+//! again whenever the current master stops answering or refuses writes (a failover made it a
+//! replica), so commands follow the master through failovers.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+
+/// Where the sentinels are and how to reach the master they name.
+#[derive(Debug, Clone)]
+pub(crate) struct SentinelSpec {
+    pub(crate) master_name: String,
+    /// Sentinel URLs; their credentials are also used for the master.
+    pub(crate) sentinels: Vec<String>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
+/// The command connection to whichever server the sentinels currently name as master.
+pub(crate) struct SentinelConn {
+    spec: SentinelSpec,
+    current: Mutex<Option<(String, ConnectionManager)>>,
+    /// Serialises re-resolution so a burst of failures asks the sentinels once.
+    resolving: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for SentinelConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConn")
+            .field("master_name", &self.spec.master_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelConn {
+    pub(crate) fn new(spec: SentinelSpec) -> Arc<Self> {
+        Arc::new(SentinelConn {
+            spec,
+            current: Mutex::new(None),
+            resolving: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn cached(&self) -> Option<(String, ConnectionManager)> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Forgets the current master if it is still `addr`, so the next command asks again.
+    fn invalidate(&self, addr: &str) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(a, _)| a == addr) {
+            tracing::debug!(master = %self.spec.master_name, old = addr, "master changed or unreachable; asking the sentinels again");
+            *current = None;
+        }
+    }
+
+    /// The master's `redis://` URL, with the sentinels' credentials, as the sentinels say now.
+    pub(crate) async fn master_url(&self) -> Result<String, RedisError> {
+        let mut last_error = None;
+        for sentinel in &self.spec.sentinels {
+            match self.ask(sentinel).await {
+                Ok(url) => return Ok(url),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            RedisError::from((redis::ErrorKind::Client, "no sentinel configured"))
+        }))
+    }
+
+    async fn ask(&self, sentinel: &str) -> Result<String, RedisError> {
+        let info = sentinel.into_connection_info()?;
+        let client = Client::open(info.clone())?;
+        let ask = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.spec.master_name)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, RedisError>(reply)
+        };
+        let reply = tokio::time::timeout(self.spec.connect_timeout, ask)
+            .await
+            .map_err(|_| {
+                RedisError::from((redis::ErrorKind::Io, "sentinel did not answer in time"))
+            })??;
+        let Some((host, port)) = reply else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "the sentinel does not know this master name",
+            )));
+        };
+        let settings = info.redis_settings();
+        let auth = match (settings.username(), settings.password()) {
+            (Some(user), Some(pw)) => format!("{user}:{pw}@"),
+            (None, Some(pw)) => format!(":{pw}@"),
+            _ => String::new(),
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        Ok(format!("redis://{auth}{host}:{port}"))
+    }
+
+    /// The connection to the current master, resolving it if needed.
+    async fn master(&self) -> Result<(String, ConnectionManager), RedisError> {
+        if let Some(current) = self.cached() {
+            return Ok(current);
+        }
+        let _one_at_a_time = self.resolving.lock().await;
+        if let Some(current) = self.cached() {
+            return Ok(current);
+        }
+        let url = self.master_url().await?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.spec.connect_timeout))
+            .set_response_timeout(Some(self.spec.command_timeout))
+            .set_number_of_retries(1);
+        let manager = tokio::time::timeout(
+            self.spec.connect_timeout,
+            ConnectionManager::new_with_config(Client::open(url.as_str())?, config),
+        )
+        .await
+        .map_err(|_| {
+            RedisError::from((redis::ErrorKind::Io, "the master did not answer in time"))
+        })??;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((url.clone(), manager.clone()));
+        Ok((url, manager))
+    }
+
+    /// True when the error means "this is not (or no longer) a working master": the next
+    /// command must ask the sentinels again.
+    fn note_failure(&self, addr: &str, e: &RedisError) -> bool {
+        let readonly = e.code() == Some("READONLY");
+        let moved_on = readonly
+            || e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout();
+        if moved_on {
+            self.invalidate(addr);
+        }
+        moved_on
+    }
+
+    /// Sends `cmd` to the master; when the master turned out to be gone or demoted, asks the
+    /// sentinels again and retries once. Every command the runtime sends is safe to repeat:
+    /// acquire re-grants to the same token, renewals and releases are token-checked.
+    pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let (addr, mut conn) = self.master().await?;
+        match conn.req_packed_command(cmd).await {
+            Err(e) if self.note_failure(&addr, &e) => {
+                let (addr, mut conn) = self.master().await?;
+                let retried = conn.req_packed_command(cmd).await;
+                if let Err(e) = &retried {
+                    self.note_failure(&addr, e);
+                }
+                retried
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn request_many(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> Result<Vec<Value>, RedisError> {
+        let (addr, mut conn) = self.master().await?;
+        let result = conn.req_packed_commands(pipeline, offset, count).await;
+        if let Err(e) = &result {
+            self.note_failure(&addr, e);
+        }
+        result
+    }
+}
+
+/// A cloneable handle implementing redis-rs' connection trait.
+#[derive(Clone)]
+pub(crate) struct SentinelHandle(pub(crate) Arc<SentinelConn>);
+
+impl ConnectionLike for SentinelHandle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let conn = self.0.clone();
+        Box::pin(async move { conn.request(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let conn = self.0.clone();
+        Box::pin(async move { conn.request_many(pipeline, offset, count).await })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}

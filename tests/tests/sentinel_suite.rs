@@ -1,0 +1,95 @@
+//! The behaviour and attribute suites on a Sentinel set (1 master, 1 replica, 3 sentinels,
+//! acquires confirmed by the replica), and failovers.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::TestStore;
+
+lock_tests::behaviour_suite!(lock_tests::TestStore::sentinel());
+lock_tests::attribute_suite!(lock_tests::TestStore::sentinel());
+
+/// SENTINEL FAILOVER while a lock is held: the runtime follows the new master, the lock
+/// acquired (and confirmed by the replica) before the failover survives it, and new locks work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_survives_a_sentinel_failover_and_the_runtime_follows() {
+    let store = TestStore::sentinel();
+    let TestStore::Sentinel(set) = &store else {
+        unreachable!("made as sentinel")
+    };
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("survivor")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let old_master = set.master_port();
+    set.failover();
+    assert_ne!(set.master_port(), old_master);
+    // On the new master the record is there: nobody else gets the lock.
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        match b.lock("survivor").try_acquire().await {
+            Ok(Some(_)) => {
+                panic!("a second holder got a lock that was confirmed before the failover")
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("during failover: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The holder's renewals followed the master.
+    assert!(
+        !guard.lease().is_lost(),
+        "the lease was renewed through the failover"
+    );
+    assert!(guard.release().await.expect("release on the new master"));
+    // The old master rejoins as a replica of the new one; replicated acquires need it.
+    set.wait_for(Duration::from_secs(20), |set| set.replica_in_sync());
+    let fresh = b
+        .lock("after-failover")
+        .try_acquire()
+        .await
+        .expect("acquire on the new master")
+        .expect("free");
+    assert!(fresh.release().await.expect("release"));
+}
+
+/// With no replica reachable, replicated_acquire fails clearly and leaves no lock behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_acquire_without_a_replica_fails_clearly() {
+    let mut store = TestStore::sentinel();
+    let TestStore::Sentinel(set) = &mut store else {
+        unreachable!("made as sentinel")
+    };
+    set.servers[1].kill();
+    let runtime = LockRuntime::builder()
+        .redis_sentinel(&set.master_name, set.sentinel_urls())
+        .replicated_acquire(1, Duration::from_millis(300))
+        .build()
+        .await
+        .expect("build");
+    let err = runtime
+        .lock("unreplicated")
+        .try_acquire()
+        .await
+        .expect_err("no replica can confirm");
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("confirmed by 0 of the 1 replicas"),
+        "{message}"
+    );
+    assert!(message.contains("given back"), "{message}");
+    assert!(
+        runtime
+            .inspect("unreplicated")
+            .await
+            .expect("inspect")
+            .is_none(),
+        "nothing left behind"
+    );
+}
