@@ -114,6 +114,24 @@ async fn main() -> anyhow::Result<()> {
     };
     println!("{INSTANCES} instances, {NIGHTS} nights, on {store_name}\n");
 
+    // Graceful shutdown: on Ctrl-C or SIGTERM every instance stops at its next tick and calls
+    // `LockRuntime::shutdown()`, which releases whatever it still holds (waiters elsewhere
+    // wake at once) and stops its watchdog.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        println!("stopping: shutting the instances down");
+        let _ = stop_tx.send(true);
+    });
+
     let store = MemoryStore::new();
     let ledger = Ledger::default();
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
@@ -122,12 +140,16 @@ async fn main() -> anyhow::Result<()> {
         let name = format!("instance-{i}");
         let runtime = instance_runtime(&name, &store).await?;
         let ledger = ledger.clone();
+        let mut stop = stop_rx.clone();
         instances.push(tokio::spawn(async move {
             let mut outcomes = Vec::new();
             for night in 0..NIGHTS {
                 // Schedulers on different machines never fire at the same instant.
                 let skew = Duration::from_millis((i as u64 * 37 + night as u64 * 53) % 120);
-                tokio::time::sleep_until(start + TICK * night as u32 + skew).await;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(start + TICK * night as u32 + skew) => {}
+                    _ = stop.wait_for(|stopped| *stopped) => break,
+                }
                 let date = format!("2026-12-{:02}", night + 1);
                 let result = runtime
                     .scope(post_daily_interest(&date, &name, &ledger))
@@ -157,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    let stopped_early = *stop_rx.borrow();
 
     // An operator forces a second run of night 1 by hand, bypassing the lock: the ledger's
     // per-date marker keeps the posting single.
@@ -167,6 +190,10 @@ async fn main() -> anyhow::Result<()> {
         "postings per night: {posted_per_night:?}; ledger holds {} postings",
         ledger.postings()
     );
+    if stopped_early {
+        println!("stopped before the last night; every instance released its locks.");
+        return Ok(());
+    }
     anyhow::ensure!(
         posted_per_night.iter().all(|&n| n == 1) && ledger.postings() == NIGHTS,
         "expected exactly one posting per night"

@@ -116,3 +116,55 @@ async fn script_flush_is_transparent() {
     assert_eq!(again.lease().fence(), 2);
     again.release().await.expect("release");
 }
+
+/// A holder process that receives SIGTERM shuts its runtime down: the lock is free at once
+/// (a waiter elsewhere wakes), not after the 30 s ttl, and the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shutdown_releases_held_locks_at_once() {
+    let store = TestStore::redis();
+    let TestStore::Redis(server) = &store else {
+        unreachable!("made as redis")
+    };
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock_holder"))
+        .args([server.url(), "graceful".into(), "30000".into()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning the holder process");
+    let stdout = holder.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the holder reports")
+        .expect("stdout")
+        .expect("a line");
+    assert!(line.starts_with("acquired "), "{line}");
+
+    let runtime = store.runtime().await;
+    let waiter = tokio::spawn(async move {
+        runtime
+            .lock("graceful")
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "held by the other process");
+    let pid = holder.id().expect("the holder runs");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(sent.success());
+    let signalled = Instant::now();
+    let guard = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter got the lock within seconds of SIGTERM, not after the 30 s ttl")
+        .expect("task")
+        .expect("acquired");
+    assert!(signalled.elapsed() < Duration::from_secs(3));
+    let status = holder.wait().await.expect("reaping the holder");
+    assert!(status.success(), "the holder exited cleanly: {status}");
+    let said = lines.next_line().await.expect("stdout");
+    assert_eq!(said.as_deref(), Some("shut down"));
+    guard.release().await.expect("release");
+}

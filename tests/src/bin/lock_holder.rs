@@ -1,5 +1,6 @@
 //! A holder process for fault tests: takes a lock in Redis, says so on stdout, then keeps it
-//! (watchdog renewing) until killed, or for at most two minutes.
+//! (watchdog renewing) until killed, or for at most two minutes. On SIGTERM or Ctrl-C it shuts
+//! its runtime down gracefully (releasing what it holds) and exits 0.
 //!
 //! Usage: lock_holder REDIS_URL KEY TTL_MS
 
@@ -19,9 +20,19 @@ async fn main() -> anyhow::Result<()> {
     let guard = runtime.lock(key.as_str()).ttl(ttl).acquire().await?;
     println!("acquired {}", guard.lease().fence());
     std::io::stdout().flush()?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = guard.lease().lost() => println!("lost"),
+        _ = terminate.recv() => {
+            runtime.shutdown().await;
+            println!("shut down");
+        }
+        _ = tokio::signal::ctrl_c() => {
+            runtime.shutdown().await;
+            println!("shut down");
+        }
         _ = tokio::time::sleep(Duration::from_secs(120)) => {}
     }
+    drop(guard);
     Ok(())
 }
