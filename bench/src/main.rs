@@ -31,6 +31,8 @@ struct Mode {
     watchdog_hold: Duration,
     macro_slices: usize,
     macro_slice: Duration,
+    many_leases: usize,
+    many_leases_hold: Duration,
 }
 
 const FULL: Mode = Mode {
@@ -44,6 +46,8 @@ const FULL: Mode = Mode {
     watchdog_hold: Duration::from_secs(30),
     macro_slices: 20,
     macro_slice: Duration::from_millis(500),
+    many_leases: 100_000,
+    many_leases_hold: Duration::from_secs(60),
 };
 
 const QUICK: Mode = Mode {
@@ -57,6 +61,8 @@ const QUICK: Mode = Mode {
     watchdog_hold: Duration::from_secs(4),
     macro_slices: 4,
     macro_slice: Duration::from_millis(100),
+    many_leases: 5_000,
+    many_leases_hold: Duration::from_secs(4),
 };
 
 fn ms(d: Duration) -> f64 {
@@ -88,7 +94,21 @@ async fn main() -> anyhow::Result<()> {
     println!("lock-bench ({} mode), redis-server at {url}\n", mode.name);
 
     // Row 5 first, so its peak RSS is not inflated by the other rows.
-    let wd = rows::watchdog_scale(&server, mode.watchdog_leases, mode.watchdog_hold).await?;
+    let wd = rows::watchdog_scale(
+        &server,
+        mode.watchdog_leases,
+        Duration::from_secs(3),
+        mode.watchdog_hold,
+    )
+    .await?;
+    // Row 7 next: its peak RSS is the process's peak so far, which row 5 stays under.
+    let big = rows::watchdog_scale(
+        &server,
+        mode.many_leases,
+        Duration::from_secs(10),
+        mode.many_leases_hold,
+    )
+    .await?;
 
     let ours_runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
     ours_runtime.clone().install()?;
@@ -174,6 +194,17 @@ async fn main() -> anyhow::Result<()> {
         "| 6. macro overhead, {} alternating slices of {:?} | attribute vs programmatic, 1 task | {macro_ratio:.3}x on Redis, {macro_ratio_memory:.3}x on the memory store | |",
         mode.macro_slices, mode.macro_slice
     );
+    println!(
+        "| 7. {} leases ttl {} s for {:.0} s | ours | lost {}; {:.1} renewal script calls/s (~{:.0} leases renewed/s); CPU {:.1}%; peak RSS {:.1} MiB | |",
+        big.leases,
+        big.ttl.as_secs(),
+        big.held_for.as_secs_f64(),
+        big.lost,
+        big.renewal_calls_per_s,
+        big.leases_renewed_per_s,
+        big.cpu_percent,
+        big.peak_rss_mib
+    );
 
     // Targets of the benchmark issue.
     let checks = [
@@ -218,6 +249,21 @@ async fn main() -> anyhow::Result<()> {
             macro_ratio >= 0.97,
             format!("{macro_ratio:.3}"),
         ),
+        (
+            "row 7: 0 leases lost",
+            big.lost == 0,
+            format!("{}", big.lost),
+        ),
+        (
+            "row 7: peak RSS < 256 MiB",
+            big.peak_rss_mib < 256.0,
+            format!("{:.1} MiB", big.peak_rss_mib),
+        ),
+        (
+            "row 7: under one core",
+            big.cpu_percent < 100.0,
+            format!("{:.1}% CPU", big.cpu_percent),
+        ),
     ];
     println!(
         "\ntargets ({} mode{}):",
@@ -256,6 +302,14 @@ async fn main() -> anyhow::Result<()> {
                 "cpu_percent": wd.cpu_percent,
                 "peak_rss_mib": wd.peak_rss_mib,
                 "rss_before_mib": wd.rss_before_mib,
+            },
+            "many_leases": {
+                "leases": big.leases,
+                "held_s": big.held_for.as_secs_f64(),
+                "lost": big.lost,
+                "renewal_calls_per_s": big.renewal_calls_per_s,
+                "cpu_percent": big.cpu_percent,
+                "peak_rss_mib": big.peak_rss_mib,
             },
             "macro_overhead_ratio": {"redis": macro_ratio, "memory_store": macro_ratio_memory},
             "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),

@@ -279,6 +279,7 @@ pub(crate) async fn fairness(
 /// What the watchdog row measured.
 pub(crate) struct WatchdogFigures {
     pub(crate) leases: usize,
+    pub(crate) ttl: Duration,
     pub(crate) held_for: Duration,
     pub(crate) lost: usize,
     pub(crate) renewal_calls_per_s: f64,
@@ -288,13 +289,13 @@ pub(crate) struct WatchdogFigures {
     pub(crate) rss_before_mib: f64,
 }
 
-/// `leases` leases with ttl 3 s held at once by one runtime for `hold`.
+/// `leases` leases with `ttl` held at once by one runtime for `hold`.
 pub(crate) async fn watchdog_scale(
     server: &RedisServer,
     leases: usize,
+    ttl: Duration,
     hold: Duration,
 ) -> anyhow::Result<WatchdogFigures> {
-    let ttl = Duration::from_secs(3);
     let rss_before_mib = sys::rss_mib();
     let runtime = LockRuntime::builder().redis(server.url()).build().await?;
     let guards = Arc::new(tokio::sync::Mutex::new(Vec::with_capacity(leases)));
@@ -311,7 +312,7 @@ pub(crate) async fn watchdog_scale(
                     return Ok::<(), anyhow::Error>(());
                 }
                 let guard = runtime
-                    .lock(format!("watchdog:{i}"))
+                    .lock(format!("watchdog:{}:{i}", ttl.as_secs()))
                     .ttl(ttl)
                     .try_acquire()
                     .await?
@@ -337,6 +338,7 @@ pub(crate) async fn watchdog_scale(
     drop(guards);
     Ok(WatchdogFigures {
         leases,
+        ttl,
         held_for,
         lost,
         renewal_calls_per_s: calls as f64 / held_for.as_secs_f64(),
