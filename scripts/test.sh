@@ -16,6 +16,8 @@ redis-server --version
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The runtime alone, without the test packages' features (the `metrics` feature off).
+cargo clippy -p lock-runtime --lib --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_TTL, check_name, check_ttl, default_owner, redact_url,
 };
+use crate::runtime::MetricsLabel;
 use crate::store::{Backend, DEFAULT_NODE_TIMEOUT, RedisBackend, RedisOptions, RedlockBackend};
 use crate::{LockError, LockRuntime, MemoryStore};
 
@@ -26,6 +27,7 @@ pub struct LockRuntimeBuilder {
     command_timeout: Option<Duration>,
     node_timeout: Option<Duration>,
     replicated: Option<(usize, Duration)>,
+    metrics_label: Option<MetricsLabel>,
 }
 
 enum StoreChoice {
@@ -197,6 +199,24 @@ impl LockRuntimeBuilder {
         self
     }
 
+    /// With the `metrics` cargo feature: maps a lock key to the `key` label of its metrics
+    /// (default: the key itself). Keys built from arguments (`interest:{date}`) would give one
+    /// time series per value; map them to their stable part to bound the cardinality:
+    ///
+    /// ```
+    /// # use lock_runtime::{LockRuntime, MemoryStore};
+    /// let builder = LockRuntime::builder()
+    ///     .memory(MemoryStore::new())
+    ///     .metrics_key_label(|key| key.split(':').next().unwrap_or(key).to_owned());
+    /// ```
+    pub fn metrics_key_label(
+        mut self,
+        label: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.metrics_label = Some(Arc::new(label));
+        self
+    }
+
     /// How long `build()` may take to reach the store (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
@@ -310,6 +330,7 @@ impl LockRuntimeBuilder {
             default_ttl,
             owner,
             command_timeout,
+            self.metrics_label,
         ))
     }
 }

@@ -117,6 +117,7 @@ impl LockGuard {
         self.armed = false;
         let state = self.lease.state.clone();
         state.mark_ended();
+        state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
         // If this future is dropped mid-way, the pending release below still runs.
         let mut pending = PendingRelease {
@@ -154,6 +155,7 @@ impl Drop for LockGuard {
         }
         let state = &self.lease.state;
         state.mark_ended();
+        state.count_release();
         // A dropped guard (early return, panic, cancellation) never marks the work done.
         let sent = self.runtime.watchdog.send(Command::Release(ReleaseJob {
             names: state.names.clone(),

@@ -44,6 +44,11 @@ pub(crate) struct LeaseState {
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
     pub(crate) max_hold_until: Option<Instant>,
+    /// The `key` label of this lease's metrics (empty without the `metrics` feature).
+    pub(crate) label: String,
+    pub(crate) acquired_at: Instant,
+    /// Set once the leases-held gauge has been decremented for this lease.
+    uncounted: AtomicBool,
     valid_until: Mutex<Instant>,
     lost: AtomicBool,
     /// Set once the holder released (or began releasing) the lease.
@@ -61,6 +66,8 @@ pub(crate) struct LeaseParams {
     pub(crate) watchdog: bool,
     pub(crate) max_hold_until: Option<Instant>,
     pub(crate) valid_until: Instant,
+    pub(crate) label: String,
+    pub(crate) acquired_at: Instant,
 }
 
 impl LeaseState {
@@ -74,6 +81,9 @@ impl LeaseState {
             ttl: p.ttl,
             watchdog: p.watchdog,
             max_hold_until: p.max_hold_until,
+            label: p.label,
+            acquired_at: p.acquired_at,
+            uncounted: AtomicBool::new(false),
             valid_until: Mutex::new(p.valid_until),
             lost: AtomicBool::new(false),
             ended: AtomicBool::new(false),
@@ -106,9 +116,26 @@ impl LeaseState {
         }
         let first = !self.lost.swap(true, Ordering::AcqRel);
         if first {
+            crate::metrics::lost(&self.label);
+            self.uncount();
             self.lost_notify.notify_waiters();
         }
         first
+    }
+
+    /// Takes the lease out of the leases-held gauge, once.
+    pub(crate) fn uncount(&self) {
+        if !self.uncounted.swap(true, Ordering::AcqRel) {
+            crate::metrics::ended(&self.label);
+        }
+    }
+
+    /// Counts a release by the holder.
+    pub(crate) fn count_release(&self) {
+        if !self.lost.load(Ordering::Acquire) {
+            crate::metrics::released(&self.label, self.acquired_at.elapsed());
+        }
+        self.uncount();
     }
 
     pub(crate) fn mark_ended(&self) {

@@ -40,6 +40,7 @@ mod context;
 mod error;
 mod guard;
 mod lease;
+pub mod metrics;
 mod request;
 mod runtime;
 mod store;

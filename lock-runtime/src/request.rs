@@ -209,6 +209,8 @@ impl LockRequest {
                 lease_id: None,
             }),
         };
+        let label = inner.metric_label(&names.key);
+        crate::metrics::attempt(&label);
         let sent = Instant::now();
         let outcome = inner
             .backend
@@ -234,7 +236,10 @@ impl LockRequest {
                     watchdog: self.watchdog,
                     max_hold_until: self.max_hold.and_then(|m| sent.checked_add(m)),
                     valid_until: sent + ttl - drift(ttl).min(ttl),
+                    label,
+                    acquired_at: sent,
                 }));
+                crate::metrics::acquired(&state.label);
                 inner.watchdog.send(Command::Register(state.clone()));
                 tracing::debug!(key = %names.key, fence, ?ttl, "lock acquired");
                 Ok(Attempt::Acquired(LockGuard::new(
@@ -244,6 +249,7 @@ impl LockRequest {
                 )))
             }
             AcquireOutcome::Held { pttl } => {
+                crate::metrics::contended(&label);
                 tracing::debug!(key = %names.key, ?pttl, "lock contended");
                 Ok(Attempt::Busy(pttl))
             }
@@ -297,6 +303,7 @@ impl LockRequest {
             let pttl = match self.attempt(&names, ttl).await? {
                 Attempt::Acquired(guard) => {
                     watch.requeue();
+                    crate::metrics::waited(&guard.lease().state.label, started.elapsed());
                     return Ok(guard);
                 }
                 Attempt::Done => return Err(self.already_done()),
@@ -323,6 +330,7 @@ impl LockRequest {
     }
 
     fn wait_timeout(&self, started: Instant) -> LockError {
+        crate::metrics::wait_timeout(&self.runtime.inner.metric_label(&self.key));
         LockError::WaitTimeout {
             key: self.key.clone(),
             waited: started.elapsed(),

@@ -61,6 +61,9 @@ impl std::fmt::Debug for LockRuntime {
     }
 }
 
+/// A function from lock key to metrics label.
+pub(crate) type MetricsLabel = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
 /// The FIFO line of one key's waiting tasks in one runtime; the head holds the lock of it and
 /// the release subscription lives inside, for as long as anyone waits.
 pub(crate) type WaitQueue = tokio::sync::Mutex<Option<ReleaseWatch>>;
@@ -74,6 +77,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) watchdog: WatchdogHandle,
     next_lease: AtomicU64,
     shut_down: AtomicBool,
+    /// Maps a lock key to its metrics label (`metrics_key_label`); identity by default.
+    pub(crate) metrics_label: Option<MetricsLabel>,
     /// Per-key FIFO queues of this runtime's waiting tasks (see `LockRequest::acquire`).
     wait_queues: Mutex<HashMap<String, Weak<WaitQueue>>>,
 }
@@ -81,6 +86,18 @@ pub(crate) struct RuntimeInner {
 impl RuntimeInner {
     pub(crate) fn next_lease_id(&self) -> u64 {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The `key` label for metrics of `key`; empty (no allocation) without the feature.
+    pub(crate) fn metric_label(&self, key: &str) -> String {
+        if cfg!(feature = "metrics") {
+            match &self.metrics_label {
+                Some(f) => f(key),
+                None => key.to_owned(),
+            }
+        } else {
+            String::new()
+        }
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {
@@ -118,6 +135,7 @@ impl LockRuntime {
         default_ttl: Duration,
         owner: String,
         command_timeout: Duration,
+        metrics_label: Option<MetricsLabel>,
     ) -> Self {
         let watchdog = WatchdogHandle::spawn(backend.clone(), command_timeout);
         LockRuntime {
@@ -131,6 +149,7 @@ impl LockRuntime {
                 next_lease: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
                 wait_queues: Mutex::new(HashMap::new()),
+                metrics_label,
             }),
         }
     }

@@ -336,6 +336,7 @@ impl Driver {
                         lose(lease, "renewals failed until the lease expired");
                         continue;
                     }
+                    crate::metrics::renewal_failed(&lease.label);
                     let retry =
                         (lease.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                     entry.next_renew = Some(now + retry);
