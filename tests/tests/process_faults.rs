@@ -168,3 +168,66 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
     assert_eq!(said.as_deref(), Some("shut down"));
     guard.release().await.expect("release");
 }
+
+/// Run-once markers across five processes whose schedulers fire 300 ms apart, longer than the
+/// 200 ms job: with `once` and a key per slot, the job runs once per slot with no min_hold; a
+/// run that fails leaves no marker, so the next instance runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_runs_a_slot_once_across_skewed_processes() {
+    let store = TestStore::redis();
+    let TestStore::Redis(server) = &store else {
+        unreachable!("made as redis")
+    };
+    let run_slot = |date: &'static str, first_fails: bool| {
+        let url = server.url();
+        async move {
+            let mut workers = Vec::new();
+            for i in 0..5u64 {
+                let mut args = vec![url.clone(), date.to_owned(), (i * 300).to_string()];
+                if first_fails && i == 0 {
+                    args.push("FAIL".to_owned());
+                }
+                workers.push(
+                    Command::new(env!("CARGO_BIN_EXE_once_worker"))
+                        .args(&args)
+                        .stdout(Stdio::null())
+                        .kill_on_drop(true)
+                        .spawn()
+                        .expect("spawning a worker"),
+                );
+            }
+            for mut worker in workers {
+                let status = tokio::time::timeout(Duration::from_secs(30), worker.wait())
+                    .await
+                    .expect("the worker finishes")
+                    .expect("reaping a worker");
+                assert!(status.success(), "a worker failed: {status}");
+            }
+        }
+    };
+    run_slot("2026-12-01", false).await;
+    run_slot("2026-12-02", true).await;
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let runs: Vec<Option<u64>> = redis::cmd("MGET")
+        .arg("runs:2026-12-01")
+        .arg("runs:2026-12-02")
+        .query_async(&mut conn)
+        .await
+        .expect("MGET");
+    assert_eq!(runs[0], Some(1), "five skewed instances, one run");
+    assert_eq!(
+        runs[1],
+        Some(2),
+        "the failed run left no marker; the next instance ran it once"
+    );
+    let marker: bool = redis::cmd("EXISTS")
+        .arg("lock:{interest:2026-12-01}:done")
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert!(marker, "the done marker stays for its retention");
+}
