@@ -73,6 +73,11 @@ impl LockError {
     pub(crate) fn config(message: impl Into<String>) -> Self {
         LockError::Config(message.into())
     }
+
+    /// True for a store failure that a retry may cure (see [`BackendError::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LockError::Backend(e) if e.is_transient())
+    }
 }
 
 /// A failure of the lock store, with credentials already removed from its text.
@@ -82,6 +87,7 @@ impl LockError {
 pub struct BackendError {
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    transient: bool,
 }
 
 impl BackendError {
@@ -90,7 +96,22 @@ impl BackendError {
         BackendError {
             message: message.into(),
             source: None,
+            transient: false,
         }
+    }
+
+    /// A store error that a retry may cure: no answer in time, a connection that broke.
+    pub(crate) fn transient(message: impl Into<String>) -> Self {
+        BackendError {
+            transient: true,
+            ..Self::msg(message)
+        }
+    }
+
+    /// True when the failure was about reaching the store (timeout, refused or broken
+    /// connection), not about what was asked: retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 
     /// Wraps a Redis driver error. every `secrets` text is scrubbed from the text, and the
@@ -103,9 +124,14 @@ impl BackendError {
         for s in secrets.iter().filter(|s| !s.is_empty()) {
             text = text.replace(s.as_str(), "***");
         }
+        let transient = err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_timeout();
         BackendError {
             message: format!("{context}: {text}"),
             source: if leaks { None } else { Some(Box::new(err)) },
+            transient,
         }
     }
 

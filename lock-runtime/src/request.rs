@@ -292,6 +292,7 @@ impl LockRequest {
         // The queue keeps the subscription for as long as anyone waits, so a handoff costs no
         // SUBSCRIBE round trip. Subscribed before the next attempt, so a release between the
         // attempt and the wait is not missed.
+        let mut backoff = Duration::ZERO;
         let watch = match &mut *turn {
             Some(watch) => watch,
             slot => slot.insert(self.runtime.inner.backend.watch_releases(&names).await?),
@@ -300,7 +301,29 @@ impl LockRequest {
             let notified = watch.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let pttl = match self.attempt(&names, ttl).await? {
+            let attempt = match self.attempt(&names, ttl).await {
+                Ok(attempt) => attempt,
+                // The store is unreachable for now (restart, failover, network): a waiter keeps
+                // waiting, retrying with a growing pause, until its deadline.
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(key = %names.key, error = %e, "store unreachable while waiting; retrying");
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(self.wait_timeout(started));
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                    let mut wake = now + backoff;
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            backoff = Duration::ZERO;
+            let pttl = match attempt {
                 Attempt::Acquired(guard) => {
                     watch.requeue();
                     crate::metrics::waited(&guard.lease().state.label, started.elapsed());

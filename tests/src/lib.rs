@@ -3,9 +3,11 @@
 
 pub mod attr_suite;
 pub mod jobs;
+pub mod proxy;
 pub mod server;
 pub mod store;
 pub mod suite;
 
+pub use proxy::FaultProxy;
 pub use server::{RedisCluster, RedisServer, SentinelSet};
 pub use store::TestStore;

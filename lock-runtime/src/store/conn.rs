@@ -16,10 +16,22 @@ pub(crate) enum Conn {
     Sentinel(SentinelHandle),
 }
 
+/// A connection that broke under a request: the connection manager reconnects, and one retry
+/// is safe for every command the runtime sends (acquire re-grants to the same token; renewal
+/// and release are token-checked).
+fn worth_one_retry(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_io_error()
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(c) => Box::pin(async move {
+                match c.req_packed_command(cmd).await {
+                    Err(e) if worth_one_retry(&e) => c.req_packed_command(cmd).await,
+                    other => other,
+                }
+            }),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Sentinel(c) => c.req_packed_command(cmd),
         }

@@ -216,7 +216,7 @@ impl RedisBackend {
                 &secrets,
             )
             .into(),
-            Err(_) => BackendError::msg(format!(
+            Err(_) => BackendError::transient(format!(
                 "cannot connect to {what} at `{shown_url}`: no answer within {:?}",
                 options.connect_timeout
             ))

@@ -1,0 +1,155 @@
+//! A TCP fault proxy between a runtime and a real redis-server: forwards bytes, and on command
+//! adds latency, stalls (stops forwarding, holding the bytes), drops every connection, or
+//! refuses new ones. It runs on its own thread and tokio runtime, so the test's clock and
+//! scheduler do not affect it; it stops when dropped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Debug, Default)]
+struct Faults {
+    stalled: AtomicBool,
+    refusing: AtomicBool,
+    latency_ms: AtomicU64,
+    /// Bumped to drop every open connection.
+    epoch: AtomicU64,
+    stopped: AtomicBool,
+}
+
+/// A running fault proxy on a free loopback port.
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    faults: Arc<Faults>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// Proxies `127.0.0.1:<free port>` to `127.0.0.1:upstream`.
+    pub fn start(upstream: u16) -> Self {
+        let faults = Arc::new(Faults::default());
+        let std_listener =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("binding the proxy port");
+        std_listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let port = std_listener.local_addr().expect("address").port();
+        let thread_faults = faults.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the proxy's tokio runtime");
+            runtime.block_on(serve(std_listener, upstream, thread_faults));
+        });
+        FaultProxy {
+            port,
+            faults,
+            thread: Some(thread),
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops forwarding in both directions (bytes are held, connections stay open).
+    pub fn stall(&self) {
+        self.faults.stalled.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again, held bytes first.
+    pub fn resume(&self) {
+        self.faults.stalled.store(false, Ordering::SeqCst);
+    }
+
+    /// Closes every open connection.
+    pub fn drop_connections(&self) {
+        self.faults.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Refuses (closes at once) new connections while `on`.
+    pub fn refuse(&self, on: bool) {
+        self.faults.refusing.store(on, Ordering::SeqCst);
+    }
+
+    /// Delays every forwarded chunk.
+    pub fn set_latency(&self, latency: Duration) {
+        self.faults
+            .latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.faults.stopped.store(true, Ordering::SeqCst);
+        self.drop_connections();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<Faults>) {
+    let Ok(listener) = TcpListener::from_std(std_listener) else {
+        return;
+    };
+    while !faults.stopped.load(Ordering::SeqCst) {
+        let accepted = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await;
+        let Ok(Ok((client, _))) = accepted else {
+            continue;
+        };
+        if faults.refusing.load(Ordering::SeqCst) {
+            drop(client);
+            continue;
+        }
+        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+            continue;
+        };
+        let epoch = faults.epoch.load(Ordering::SeqCst);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::spawn(pump(client_read, server_write, faults.clone(), epoch));
+        tokio::spawn(pump(server_read, client_write, faults.clone(), epoch));
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    faults: Arc<Faults>,
+    epoch: u64,
+) {
+    let alive = |f: &Faults| f.epoch.load(Ordering::SeqCst) == epoch;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let read = tokio::time::timeout(Duration::from_millis(20), from.read(&mut buf)).await;
+        if !alive(&faults) {
+            return;
+        }
+        let n = match read {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => n,
+        };
+        while faults.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if !alive(&faults) {
+                return;
+            }
+        }
+        let latency = faults.latency_ms.load(Ordering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

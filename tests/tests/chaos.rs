@@ -1,0 +1,291 @@
+//! Real faults between the runtime and a real redis-server: stalls and dropped connections
+//! through a TCP fault proxy, a server killed and restarted empty, foreign values at lock
+//! keys, a server out of memory.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::{FaultProxy, RedisServer};
+use tokio::time::Instant;
+
+async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
+    LockRuntime::builder()
+        .redis(url)
+        .command_timeout(command_timeout)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("build")
+}
+
+/// A stall longer than the ttl: the holder reports the loss by the end of its validity, and
+/// before anyone else can get the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let holder = runtime_via(proxy.url(), Duration::from_millis(500)).await;
+    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let ttl = Duration::from_millis(1200);
+    let guard = holder
+        .lock("stalled")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    // Let one renewal through, then stall.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stalled_at = Instant::now();
+    proxy.stall();
+    tokio::time::timeout(ttl + Duration::from_millis(400), guard.lease().lost())
+        .await
+        .expect("lost() resolves by the end of the validity (at most a ttl after the stall)");
+    let lost_after = stalled_at.elapsed();
+    assert!(
+        lost_after <= ttl + Duration::from_millis(400),
+        "{lost_after:?}"
+    );
+    // Nobody else got the lock before the holder knew.
+    let taken = other
+        .lock("stalled")
+        .acquire_timeout(Duration::from_secs(3))
+        .await
+        .expect("the record expires in Redis");
+    assert!(guard.lease().is_lost(), "the holder knew first");
+    assert!(taken.lease().fence() > guard.lease().fence());
+    proxy.resume();
+    assert!(
+        !guard.release().await.expect("release after resume"),
+        "no longer ours"
+    );
+    taken.release().await.expect("release");
+}
+
+/// A stall shorter than ttl/3 loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_stall_loses_nothing() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let holder = runtime_via(proxy.url(), Duration::from_secs(2)).await;
+    let guard = holder
+        .lock("brief")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    for _ in 0..3 {
+        proxy.stall();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        proxy.resume();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(!guard.lease().is_lost());
+    assert!(guard.release().await.expect("release"));
+}
+
+/// Every connection dropped: in-flight operations end with errors within their timeouts (no
+/// hang), and the runtime reconnects by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connections_reconnect_and_nothing_hangs() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = runtime_via(proxy.url(), Duration::from_millis(800)).await;
+    let guard = runtime
+        .lock("dropped")
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+
+    // An operation in flight during a stall fails within the command timeout.
+    proxy.stall();
+    let started = Instant::now();
+    let stuck = tokio::time::timeout(Duration::from_secs(5), runtime.lock("other").try_acquire())
+        .await
+        .expect("no hang");
+    assert!(stuck.is_err(), "{stuck:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    proxy.drop_connections();
+    proxy.resume();
+
+    // Refusing new connections for a while: calls fail fast, then work again.
+    proxy.refuse(true);
+    let refused = tokio::time::timeout(Duration::from_secs(5), runtime.inspect("dropped"))
+        .await
+        .expect("no hang");
+    assert!(refused.is_err());
+    proxy.refuse(false);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(3), runtime.inspect("dropped")).await {
+            Ok(Ok(Some(info))) => {
+                assert_eq!(info.fence, guard.lease().fence());
+                break;
+            }
+            other => {
+                assert!(Instant::now() < deadline, "did not reconnect: {other:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert!(
+        !guard.lease().is_lost(),
+        "the 5 s lease outlived a short outage"
+    );
+    assert!(guard.release().await.expect("release after reconnecting"));
+}
+
+/// Redis killed and restarted empty on the same port during a lease and a wait: the holder is
+/// told it lost the lock, the waiter and new acquisitions work again within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_mid_lease_and_wait() {
+    let mut server = RedisServer::start();
+    let a = runtime_via(server.url(), Duration::from_secs(1)).await;
+    let b = runtime_via(server.url(), Duration::from_secs(1)).await;
+    let held = a
+        .lock("restarted")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        b.lock("restarted")
+            .acquire_timeout(Duration::from_secs(20))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart();
+    let restarted = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), held.lease().lost())
+        .await
+        .expect("the holder learns it lost the lock");
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter works again")
+        .expect("task")
+        .expect("acquired after the restart");
+    assert!(restarted.elapsed() < Duration::from_secs(10));
+    assert!(got.release().await.expect("release"));
+    let fresh = a
+        .lock("after-restart")
+        .try_acquire()
+        .await
+        .expect("new acquisitions work")
+        .expect("free");
+    fresh.release().await.expect("release");
+}
+
+/// A foreign value at a lock key: a clear error naming the key and its type; nothing is
+/// overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_at_lock_keys_are_left_alone() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("SET")
+        .arg("lock:{plain}")
+        .arg("someone else's")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let _: () = redis::cmd("RPUSH")
+        .arg("lock:{listy}")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .expect("RPUSH");
+    for (key, kind) in [("plain", "string"), ("listy", "list")] {
+        let err = runtime
+            .lock(key)
+            .try_acquire()
+            .await
+            .expect_err("a foreign value");
+        let message = err.to_string();
+        assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+        assert!(
+            message.contains(&format!("lock:{{{key}}}")) && message.contains(kind),
+            "{message}"
+        );
+        let err = runtime.inspect(key).await.expect_err("a foreign value");
+        assert!(err.to_string().contains(kind), "{err}");
+    }
+    let value: String = redis::cmd("GET")
+        .arg("lock:{plain}")
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(value, "someone else's", "nothing overwritten");
+    let len: i64 = redis::cmd("LLEN")
+        .arg("lock:{listy}")
+        .query_async(&mut conn)
+        .await
+        .expect("LLEN");
+    assert_eq!(len, 1);
+}
+
+/// A server at maxmemory with noeviction: acquire fails with a clear error and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_fails_cleanly() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG");
+    let err = runtime
+        .lock("oom")
+        .try_acquire()
+        .await
+        .expect_err("no memory");
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(err.to_string().to_lowercase().contains("oom"), "{err}");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("lock:*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(keys.is_empty(), "nothing half-written: {keys:?}");
+    let guard = runtime
+        .lock("oom")
+        .try_acquire()
+        .await
+        .expect("memory again")
+        .expect("free");
+    assert_eq!(
+        guard.lease().fence(),
+        1,
+        "the failed attempt did not advance the fence"
+    );
+    guard.release().await.expect("release");
+}
