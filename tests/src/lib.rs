@@ -2,6 +2,7 @@
 //! unchanged on every store.
 
 pub mod attr_suite;
+pub mod fenced;
 pub mod jobs;
 pub mod proxy;
 pub mod server;

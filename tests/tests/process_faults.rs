@@ -231,3 +231,92 @@ async fn once_runs_a_slot_once_across_skewed_processes() {
         .expect("EXISTS");
     assert!(marker, "the done marker stays for its retention");
 }
+
+/// A holder paused (SIGSTOP) past its ttl, then resumed: it knows its lease is lost before it
+/// does more work, and its write to a fenced store is refused while the new holder's is
+/// accepted. Stale writes accepted: 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_off() {
+    use tokio::io::AsyncWriteExt;
+
+    let store = TestStore::redis();
+    let TestStore::Redis(server) = &store else {
+        unreachable!("made as redis")
+    };
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_fenced_writer"))
+        .args([server.url(), "ledger-job".into(), "1000".into()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning the holder");
+    let mut stdin = holder.stdin.take().expect("piped stdin");
+    let mut lines = BufReader::new(holder.stdout.take().expect("piped stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the holder reports")
+        .expect("stdout")
+        .expect("a line");
+    let old_fence: u64 = line
+        .strip_prefix("acquired ")
+        .and_then(|f| f.parse().ok())
+        .expect("acquired <fence>");
+    let pid = holder.id().expect("running").to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, pid.as_str()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let runtime = store.runtime().await;
+    let guard = runtime
+        .lock("ledger-job")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the paused holder's lease expired");
+    assert!(guard.lease().fence() > old_fence);
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    assert!(
+        lock_tests::fenced::fenced_write(&mut conn, "ledger", guard.lease().fence(), "new holder")
+            .await
+            .expect("write"),
+        "the new holder's write is accepted"
+    );
+
+    signal("-CONT");
+    stdin.write_all(b"write\n").await.expect("stdin");
+    stdin.flush().await.expect("flush");
+    let report = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the resumed holder reports")
+        .expect("stdout")
+        .expect("a line");
+    assert_eq!(report, "lost_before=true accepted=false", "{report}");
+    let rejected: Option<u64> = redis::cmd("GET")
+        .arg("ledger:rejected")
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    let data: Vec<String> = redis::cmd("LRANGE")
+        .arg("ledger:data")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("LRANGE");
+    assert_eq!(rejected, Some(1), "the stale write was counted as refused");
+    assert_eq!(
+        data,
+        vec!["new holder".to_owned()],
+        "stale writes accepted: 0"
+    );
+    guard.release().await.expect("release");
+}
