@@ -19,7 +19,8 @@ use crate::{LockError, LockRuntime, MemoryStore};
 #[derive(Default)]
 pub struct LockRuntimeBuilder {
     store: Option<StoreChoice>,
-    second_store: Option<&'static str>,
+    /// Set when a second store was chosen: both names, for the error.
+    second_store: Option<String>,
     namespace: Option<String>,
     default_ttl: Option<Duration>,
     owner: Option<String>,
@@ -89,8 +90,8 @@ impl std::fmt::Debug for LockRuntimeBuilder {
 
 impl LockRuntimeBuilder {
     fn set_store(mut self, choice: StoreChoice) -> Self {
-        if self.store.is_some() {
-            self.second_store = Some(choice.name());
+        if let Some(first) = &self.store {
+            self.second_store = Some(format!("{} and {}", first.name(), choice.name()));
         }
         self.store = Some(choice);
         self
@@ -233,10 +234,9 @@ impl LockRuntimeBuilder {
     /// lock scripts. Fails fast with a clear [`LockError`]; it never retries for longer than
     /// the connect timeout.
     pub async fn build(self) -> Result<LockRuntime, LockError> {
-        if let (Some(first), Some(second)) = (&self.store, self.second_store) {
+        if let Some(both) = self.second_store {
             return Err(LockError::config(format!(
-                "two stores were configured ({second} and {}); choose one",
-                first.name()
+                "two stores were configured ({both}); choose one"
             )));
         }
         let namespace = self.namespace.unwrap_or_else(|| "lock".to_owned());
