@@ -1,0 +1,104 @@
+//! Security: the runtime works as a Redis ACL user restricted to what it needs, and a wrong
+//! password fails clearly without showing it.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime, distributed_lock};
+use lock_tests::RedisServer;
+
+/// The minimal ACL rule for a lock user of namespace `lock`, as documented in README.md.
+const LOCK_USER_ACL: &str = "on >s3cret-lock-pw ~lock:* &lock:* -@all +ping +hello \
++evalsha +eval +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait \
++pttl +type +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish";
+
+#[distributed_lock(key = "acl-job", ttl = "1s", once = "1h")]
+async fn once_job() -> Result<Option<u32>, LockError> {
+    Ok(Some(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
+    let server = RedisServer::start();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("locker");
+    for part in LOCK_USER_ACL.split_whitespace() {
+        setuser.arg(part);
+    }
+    let _: () = setuser.query_async(&mut admin).await.expect("ACL SETUSER");
+    let url = format!("redis://locker:s3cret-lock-pw@127.0.0.1:{}", server.port());
+
+    let a = LockRuntime::builder()
+        .redis(url.as_str())
+        .build()
+        .await
+        .expect("build as locker");
+    let b = LockRuntime::builder()
+        .redis(url.as_str())
+        .build()
+        .await
+        .expect("build as locker");
+    // Acquire, renew (watchdog), inspect, wait on a release, min_hold, once.
+    let guard = a
+        .lock("acl")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!guard.lease().is_lost(), "renewals are permitted");
+    assert!(a.inspect("acl").await.expect("inspect").is_some());
+    let waiter =
+        tokio::spawn(async move { b.lock("acl").acquire_timeout(Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(guard.release().await.expect("release"));
+    let second = waiter.await.expect("task").expect("woken by the release");
+    second.release().await.expect("release");
+    let held = a
+        .lock("acl-min")
+        .ttl(Duration::from_secs(5))
+        .min_hold(Duration::from_millis(200))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(held.release().await.expect("release with min_hold"));
+    assert_eq!(a.scope(once_job()).await.expect("ran"), Some(1));
+    assert_eq!(a.scope(once_job()).await.expect("skipped"), None);
+
+    // Outside its key pattern the user is refused.
+    let other_ns = LockRuntime::builder()
+        .redis(url.as_str())
+        .namespace("elsewhere")
+        .build()
+        .await
+        .expect("build");
+    let err = other_ns
+        .lock("x")
+        .try_acquire()
+        .await
+        .expect_err("no permission");
+    assert!(
+        err.to_string().to_lowercase().contains("permission"),
+        "{err}"
+    );
+
+    // A wrong password fails clearly, without the password in the message.
+    let wrong = format!("redis://locker:not-the-pw@127.0.0.1:{}", server.port());
+    let err = LockRuntime::builder()
+        .redis(wrong)
+        .build()
+        .await
+        .expect_err("wrong password");
+    let text = format!("{err} {err:?}");
+    assert!(
+        text.contains("authentication") || text.contains("Authentication"),
+        "{text}"
+    );
+    assert!(!text.contains("not-the-pw"), "{text}");
+}
