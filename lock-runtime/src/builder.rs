@@ -29,6 +29,7 @@ pub struct LockRuntimeBuilder {
     node_timeout: Option<Duration>,
     replicated: Option<(usize, Duration)>,
     metrics_label: Option<MetricsLabel>,
+    tls_root_cert: Option<Vec<u8>>,
 }
 
 enum StoreChoice {
@@ -200,6 +201,15 @@ impl LockRuntimeBuilder {
         self
     }
 
+    /// With the `tls` cargo feature and a `rediss://` URL given to [`redis`](Self::redis):
+    /// trust this PEM root certificate (e.g. a private CA's) instead of the system's roots.
+    /// A server whose certificate does not chain to it is refused at `build()`.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
+    }
+
     /// With the `metrics` cargo feature: maps a lock key to the `key` label of its metrics
     /// (default: the key itself). Keys built from arguments (`interest:{date}`) would give one
     /// time series per value; map them to their stable part to bound the cardinality:
@@ -284,6 +294,7 @@ impl LockRuntimeBuilder {
             Some(StoreChoice::Redis(url)) => {
                 let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
                 options.replicated = replicated;
+                options.tls_root_cert = self.tls_root_cert;
                 Backend::Redis(RedisBackend::connect(options).await?)
             }
             Some(StoreChoice::Sentinel(master_name, urls)) => {
@@ -299,6 +310,7 @@ impl LockRuntimeBuilder {
                         cluster: false,
                         sentinel_master: Some(master_name),
                         replicated,
+                        tls_root_cert: None,
                         connect_timeout,
                         command_timeout,
                     })
@@ -317,6 +329,7 @@ impl LockRuntimeBuilder {
                         cluster: true,
                         sentinel_master: None,
                         replicated: None,
+                        tls_root_cert: None,
                         connect_timeout,
                         command_timeout,
                     })

@@ -27,6 +27,8 @@ pub(crate) struct RedisOptions {
     pub(crate) sentinel_master: Option<String>,
     /// After each acquire, WAIT for this many replicas for at most this long.
     pub(crate) replicated: Option<(usize, Duration)>,
+    /// A PEM root certificate to trust for `rediss://` instead of the system's.
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
 }
@@ -42,6 +44,7 @@ impl RedisOptions {
             cluster: false,
             sentinel_master: None,
             replicated: None,
+            tls_root_cert: None,
             connect_timeout,
             command_timeout,
         }
@@ -95,6 +98,24 @@ impl Scripts {
 /// its task; this is the way to talk to it.
 struct Subscriber {
     commands: mpsc::UnboundedSender<SubscriberCommand>,
+}
+
+/// A client for one server, trusting `root_cert` (PEM) for TLS when given.
+fn open_client<C: IntoConnectionInfo>(
+    info: C,
+    root_cert: Option<&[u8]>,
+) -> redis::RedisResult<Client> {
+    match root_cert {
+        #[cfg(feature = "tls")]
+        Some(pem) => Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        ),
+        _ => Client::open(info),
+    }
 }
 
 fn secrets_of(urls: &[String]) -> Vec<String> {
@@ -175,7 +196,8 @@ impl RedisBackend {
                 Conn::Cluster(client.get_async_connection().await.map_err(Ok)?)
             } else {
                 let url = options.urls.first().map(String::as_str).unwrap_or_default();
-                let client = Client::open(url).map_err(|e| Err(bad_url(e)))?;
+                let client = open_client(url, options.tls_root_cert.as_deref())
+                    .map_err(|e| Err(bad_url(e)))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(options.connect_timeout))
                     .set_response_timeout(Some(options.command_timeout))
@@ -226,7 +248,7 @@ impl RedisBackend {
             return Err(failure);
         }
         let url = options.urls.first().map(String::as_str).unwrap_or_default();
-        let client = Client::open(url).map_err(bad_url)?;
+        let client = open_client(url, options.tls_root_cert.as_deref()).map_err(bad_url)?;
         let lazy_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.command_timeout))
@@ -570,7 +592,10 @@ impl RedisBackend {
                 .redis_settings()
                 .clone()
                 .set_protocol(ProtocolVersion::RESP3);
-            let client = Client::open(info.set_redis_settings(settings))?;
+            let client = open_client(
+                info.set_redis_settings(settings),
+                self.options.tls_root_cert.as_deref(),
+            )?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.options.connect_timeout))
                 .set_response_timeout(Some(self.options.command_timeout))

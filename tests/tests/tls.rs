@@ -1,0 +1,205 @@
+//! TLS (`rediss://`, cargo feature `tls`) against a real redis-server started with a TLS port
+//! and certificates this test generates with the `openssl` command; a wrong CA fails clearly.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockRuntime};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running openssl (Debian: apt-get install -y openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, and a server certificate for 127.0.0.1 signed by it, in `dir`.
+fn make_certs(dir: &Path, ca: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{ca}.key"),
+            "-out",
+            &format!("{ca}.crt"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={ca}"),
+        ],
+    );
+}
+
+fn make_server_cert(dir: &Path, ca: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+/// A TLS-only redis-server, killed (by PID) on drop.
+struct TlsServer(Child, u16);
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_tls_server(dir: &Path) -> TlsServer {
+    lock_tests::server::redis_server_binary();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--tls-cert-file")
+        .arg(dir.join("server.crt"))
+        .arg("--tls-key-file")
+        .arg(dir.join("server.key"))
+        .arg("--tls-ca-cert-file")
+        .arg(dir.join("ca.crt"))
+        .args(["--tls-auth-clients", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawning redis-server with TLS");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the TLS redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TlsServer(child, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    make_certs(dir.path(), "ca");
+    make_certs(dir.path(), "other-ca");
+    make_server_cert(dir.path(), "ca");
+    let server = start_tls_server(dir.path());
+    let url = format!("rediss://127.0.0.1:{}", server.1);
+    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
+    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
+
+    let a = LockRuntime::builder()
+        .redis(url.as_str())
+        .tls_root_cert_pem(ca.clone())
+        .build()
+        .await
+        .expect("TLS with the right CA");
+    let b = LockRuntime::builder()
+        .redis(url.as_str())
+        .tls_root_cert_pem(ca)
+        .build()
+        .await
+        .expect("TLS with the right CA");
+    let guard = a
+        .lock("tls")
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter =
+        tokio::spawn(async move { b.lock("tls").acquire_timeout(Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!guard.lease().is_lost(), "renewed over TLS");
+    assert!(guard.release().await.expect("release"));
+    waiter
+        .await
+        .expect("task")
+        .expect("woken over the TLS subscriber")
+        .release()
+        .await
+        .expect("release");
+
+    for (what, builder) in [
+        (
+            "a wrong CA",
+            LockRuntime::builder()
+                .redis(url.as_str())
+                .tls_root_cert_pem(other_ca),
+        ),
+        (
+            "the system roots",
+            LockRuntime::builder().redis(url.as_str()),
+        ),
+    ] {
+        let err = builder
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect_err(what);
+        assert!(matches!(err, LockError::Backend(_)), "{what}: {err:?}");
+        let text = err.to_string().to_lowercase();
+        assert!(
+            text.contains("certificate") || text.contains("issuer"),
+            "{what}: {err}"
+        );
+    }
+}
