@@ -5,6 +5,7 @@ pub mod attr_suite;
 pub mod fenced;
 pub mod jobs;
 pub mod proxy;
+pub mod rng;
 pub mod server;
 pub mod store;
 pub mod suite;

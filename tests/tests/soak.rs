@@ -10,24 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_tests::fenced::counter_state;
+use lock_tests::rng::XorShift;
 use lock_tests::{FaultProxy, RedisServer};
 
 const WORKERS: usize = 3;
 const KEYS: u64 = 6;
-
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn spawn_worker(url: &str, seconds: f64, seed: u64) -> Child {
     Command::new(env!("CARGO_BIN_EXE_soak_worker"))
@@ -64,7 +51,7 @@ fn mixed_soak_keeps_counters_exact_and_fences_increasing() {
                 .unwrap_or(1)
         });
     println!("soak: {seconds} s, seed {seed} (replay with SOAK_SEED={seed})");
-    let mut rng = XorShift(seed | 1);
+    let mut rng = XorShift::new(seed);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let url = proxy.url();
@@ -106,7 +93,7 @@ fn mixed_soak_keeps_counters_exact_and_fences_increasing() {
                 let left = deadline
                     .saturating_duration_since(Instant::now())
                     .as_secs_f64();
-                workers[i] = spawn_worker(&url, left.max(0.5), rng.next());
+                workers[i] = spawn_worker(&url, left.max(0.5), rng.next_u64());
             }
         }
     }

@@ -8,18 +8,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::LockRuntime;
 use lock_tests::fenced::{counter_read, counter_set};
-
-/// A small seeded generator: the soak must be replayable from its seed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use lock_tests::rng::XorShift;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -29,7 +18,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let keys: u64 = keys.parse()?;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds.parse()?);
-    let mut rng = XorShift(seed.parse::<u64>()? | 1);
+    let mut rng = XorShift::new(seed.parse::<u64>()?);
     let runtime = LockRuntime::builder()
         .redis(url.as_str())
         .connect_timeout(Duration::from_secs(2))
@@ -39,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_connection_manager().await?;
     while Instant::now() < deadline {
-        let key = format!("k{}", rng.next() % keys);
+        let key = format!("k{}", rng.next_u64() % keys);
         let Ok(guard) = runtime
             .lock(key.as_str())
             .ttl(Duration::from_millis(600))
@@ -52,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         let Ok(Some(value)) = counter_read(&mut conn, &key, fence).await else {
             continue;
         };
-        tokio::time::sleep(Duration::from_millis(rng.next() % 10)).await;
+        tokio::time::sleep(Duration::from_millis(rng.next_u64() % 10)).await;
         if guard.lease().is_lost() {
             continue;
         }
