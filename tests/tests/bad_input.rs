@@ -249,6 +249,24 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
         }
     }
 
+    // Every topology's connect errors, and their builders' Debug output.
+    let closed = |i: u16| format!("redis://user:{SECRET}@127.0.0.1:{}", port.wrapping_add(i));
+    let topologies = [
+        LockRuntime::builder().redis_cluster([closed(0), closed(1)]),
+        LockRuntime::builder().redis_sentinel("master", [closed(0)]),
+        LockRuntime::builder().redlock([closed(0), closed(1), closed(2)]),
+    ];
+    for builder in topologies {
+        texts.push(format!("{builder:?}"));
+        let err = builder
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .expect_err("nothing there");
+        texts.push(err.to_string());
+        texts.push(format!("{err:?}"));
+    }
+
     // The right password works, and its runtime's Debug shows no secret.
     let good = LockRuntime::builder()
         .redis(format!(
