@@ -2,7 +2,7 @@
 //! calls the nightly job for `DATE` once. The job counts its runs in Redis and takes 200 ms;
 //! with `FAIL` it fails after counting.
 //!
-//! Usage: once_worker REDIS_URL DATE SKEW_MS [FAIL]
+//! Usage: `once_worker REDIS_URL DATE SKEW_MS [FAIL]`
 
 use std::time::Duration;
 
