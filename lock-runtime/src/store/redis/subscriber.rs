@@ -1,0 +1,217 @@
+//! The subscriber side of a Redis store: one RESP3 connection per runtime whose pushes wake
+//! waiters, owned by a task that performs every (un)subscription in order.
+
+use std::sync::Arc;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::{IntoConnectionInfo, ProtocolVersion, PushKind};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::conn::SubConn;
+use super::super::{KeyNames, ReleaseWatch};
+use super::{RedisBackend, open_client, value_text};
+use crate::{BackendError, LockError};
+
+/// The shared subscription connection of one runtime (RESP3, pushes fed to the hub), owned by
+/// its task; this is the way to talk to it.
+pub(super) struct Subscriber {
+    commands: mpsc::UnboundedSender<SubscriberCommand>,
+}
+
+impl RedisBackend {
+    pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        let (notify, first) = self.hub.watch(&names.channel);
+        if first {
+            self.subscribe(&names.channel)
+                .await
+                .map_err(|e| self.wait_error(names, e))?;
+        }
+        let Some(handle) = self.subscriber_handle() else {
+            return Err(self.wait_error(names, None));
+        };
+        Ok(handle.watch(notify, &names.channel))
+    }
+
+    fn wait_error(&self, names: &KeyNames, e: Option<redis::RedisError>) -> LockError {
+        match e {
+            Some(e) => self.error(&format!("cannot wait for `{}`", names.key), e),
+            None => BackendError::msg(format!(
+                "cannot wait for `{}`: the subscriber connection to `{}` has stopped",
+                names.key, self.shown_url
+            ))
+            .into(),
+        }
+    }
+
+    /// Subscribes this server's subscriber connection (started on first use) to `channel`;
+    /// resolves once the server confirmed. `Err(None)`: the subscriber task is gone.
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<(), Option<redis::RedisError>> {
+        let subscriber = self
+            .subscriber
+            .get_or_try_init(|| self.start_subscriber())
+            .await
+            .map_err(Some)?;
+        let (ack_tx, ack_rx) = oneshot::channel();
+        subscriber
+            .commands
+            .send(SubscriberCommand::Subscribe(channel.to_owned(), ack_tx))
+            .map_err(|_| None)?;
+        match ack_rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Some(e)),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// A handle on the running subscriber, if it was started.
+    pub(crate) fn subscriber_handle(&self) -> Option<SubscriberHandle> {
+        self.subscriber.get().map(|s| SubscriberHandle {
+            commands: s.commands.clone(),
+        })
+    }
+
+    /// Opens the runtime's one subscription connection and the task that owns it: it turns
+    /// pushes into wake-ups and performs every (un)subscription in order, so a waiter arriving
+    /// as the last one leaves can never be unsubscribed by mistake. The task ends when the
+    /// backend is dropped.
+    async fn start_subscriber(&self) -> Result<Subscriber, redis::RedisError> {
+        let (push_tx, mut push_rx) = mpsc::unbounded_channel();
+        let mut conn = if self.options.cluster {
+            let client = ClusterClientBuilder::new(self.options.urls.iter().map(String::as_str))
+                .connection_timeout(self.options.connect_timeout)
+                .response_timeout(self.options.command_timeout)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(push_tx)
+                .build()?;
+            SubConn::Cluster(client.get_async_connection().await?)
+        } else {
+            let url = match &self.sentinel {
+                // Published releases are replicated, so even after a failover turns this
+                // server into a replica its subscribers keep hearing them.
+                Some(sentinel) => sentinel.master_url().await?,
+                None => self.options.urls.first().cloned().unwrap_or_default(),
+            };
+            let info = url.as_str().into_connection_info()?;
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            let client = open_client(
+                info.set_redis_settings(settings),
+                self.options.tls_root_cert.as_deref(),
+            )?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.options.connect_timeout))
+                .set_response_timeout(Some(self.options.command_timeout))
+                .set_push_sender(push_tx)
+                .set_automatic_resubscription();
+            SubConn::Single(ConnectionManager::new_with_config(client, config).await?)
+        };
+        let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
+        let hub = Arc::downgrade(&self.hub);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    push = push_rx.recv() => {
+                        let Some(push) = push else { break };
+                        let Some(hub) = hub.upgrade() else { break };
+                        match push.kind {
+                            PushKind::Message | PushKind::SMessage => {
+                                if let Some(channel) = push.data.first() {
+                                    hub.notify(&value_text(channel));
+                                }
+                            }
+                            // Releases published while we were disconnected are lost: let every
+                            // waiter retry now instead of sleeping out the lease's ttl.
+                            PushKind::Disconnection => hub.notify_all(),
+                            _ => {}
+                        }
+                    }
+                    command = command_rx.recv() => {
+                        let Some(command) = command else { break };
+                        let Some(hub) = hub.upgrade() else { break };
+                        match command {
+                            SubscriberCommand::Subscribe(channel, ack) => {
+                                let _ = ack.send(conn.subscribe(&channel).await);
+                            }
+                            SubscriberCommand::Unsubscribe(channel) => {
+                                // A waiter may have come back for it meanwhile.
+                                if hub.forget_if_unwatched(&channel) {
+                                    let _ = conn.unsubscribe(&channel).await;
+                                }
+                            }
+                            SubscriberCommand::Requeue(channel) => {
+                                // Redis delivers a message to subscribers in subscription order,
+                                // so the first subscriber's waiters would always win the race
+                                // for a released lock. Moving to the back after each win rotates
+                                // the advantage between runtimes.
+                                let _ = conn.unsubscribe(&channel).await;
+                                let _ = conn.subscribe(&channel).await;
+                                // A release published between the two was not heard: retry.
+                                hub.notify(&channel);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Subscriber { commands })
+    }
+}
+
+/// A cloneable way to ask a server's subscriber task to drop or rotate a subscription.
+#[derive(Debug, Clone)]
+pub(crate) struct SubscriberHandle {
+    commands: mpsc::UnboundedSender<SubscriberCommand>,
+}
+
+impl SubscriberHandle {
+    pub(crate) fn unsubscribe(&self, channel: &str) {
+        let _ = self
+            .commands
+            .send(SubscriberCommand::Unsubscribe(channel.to_owned()));
+    }
+
+    pub(crate) fn requeue(&self, channel: &str) {
+        let _ = self
+            .commands
+            .send(SubscriberCommand::Requeue(channel.to_owned()));
+    }
+
+    /// A watch of `channel` on these subscribers that unsubscribes when dropped.
+    pub(crate) fn watch_all(
+        handles: Vec<SubscriberHandle>,
+        notify: Arc<tokio::sync::Notify>,
+        channel: &str,
+    ) -> ReleaseWatch {
+        let on_drop_handles = handles.clone();
+        let drop_channel = channel.to_owned();
+        let requeue_channel = channel.to_owned();
+        ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                for h in &on_drop_handles {
+                    h.unsubscribe(&drop_channel);
+                }
+            })),
+        )
+        .with_requeue(Box::new(move || {
+            for h in &handles {
+                h.requeue(&requeue_channel);
+            }
+        }))
+    }
+
+    fn watch(self, notify: Arc<tokio::sync::Notify>, channel: &str) -> ReleaseWatch {
+        Self::watch_all(vec![self], notify, channel)
+    }
+}
+
+/// Work for the subscriber task.
+#[derive(Debug)]
+enum SubscriberCommand {
+    Subscribe(String, oneshot::Sender<redis::RedisResult<()>>),
+    Unsubscribe(String),
+    Requeue(String),
+}
