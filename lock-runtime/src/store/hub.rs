@@ -55,6 +55,13 @@ impl ReleaseHub {
         }
     }
 
+    /// Every channel someone watches now.
+    pub(crate) fn channels(&self) -> Vec<String> {
+        let mut channels = lock(&self.channels);
+        channels.retain(|_, w| w.strong_count() > 0);
+        channels.keys().cloned().collect()
+    }
+
     /// True when nobody watches `channel` any more; the entry is dropped.
     pub(crate) fn forget_if_unwatched(&self, channel: &str) -> bool {
         let mut channels = lock(&self.channels);

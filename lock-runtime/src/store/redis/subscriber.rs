@@ -8,9 +8,11 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{IntoConnectionInfo, ProtocolVersion, PushKind};
 use tokio::sync::{mpsc, oneshot};
 
+use super::super::ReleaseHub;
 use super::super::conn::SubConn;
+use super::super::sentinel::SentinelConn;
 use super::super::{KeyNames, ReleaseWatch};
-use super::{RedisBackend, open_client, value_text};
+use super::{RedisBackend, RedisOptions, open_client, value_text};
 use crate::{BackendError, LockError};
 
 /// The shared subscription connection of one runtime (RESP3, pushes fed to the hub), owned by
@@ -82,32 +84,22 @@ impl RedisBackend {
                 .connection_timeout(self.options.connect_timeout)
                 .response_timeout(self.options.command_timeout)
                 .use_protocol(ProtocolVersion::RESP3)
-                .push_sender(push_tx)
+                .push_sender(push_tx.clone())
                 .build()?;
             SubConn::Cluster(client.get_async_connection().await?)
         } else {
             let url = match &self.sentinel {
-                // Published releases are replicated, so even after a failover turns this
-                // server into a replica its subscribers keep hearing them.
                 Some(sentinel) => sentinel.master_url().await?,
                 None => self.options.urls.first().cloned().unwrap_or_default(),
             };
-            let info = url.as_str().into_connection_info()?;
-            let settings = info
-                .redis_settings()
-                .clone()
-                .set_protocol(ProtocolVersion::RESP3);
-            let client = open_client(
-                info.set_redis_settings(settings),
-                self.options.tls_root_cert.as_deref(),
-            )?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.options.connect_timeout))
-                .set_response_timeout(Some(self.options.command_timeout))
-                .set_push_sender(push_tx)
-                .set_automatic_resubscription();
-            SubConn::Single(ConnectionManager::new_with_config(client, config).await?)
+            single_subscriber(&url, &self.options, push_tx.clone()).await?
         };
+        // With Sentinel, a dropped subscriber connection may mean its server failed over and
+        // died: the task then asks the sentinels for the master again and moves there.
+        let follow = self
+            .sentinel
+            .clone()
+            .map(|sentinel| (sentinel, self.options.clone(), push_tx));
         let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
         let hub = Arc::downgrade(&self.hub);
         tokio::spawn(async move {
@@ -124,7 +116,14 @@ impl RedisBackend {
                             }
                             // Releases published while we were disconnected are lost: let every
                             // waiter retry now instead of sleeping out the lease's ttl.
-                            PushKind::Disconnection => hub.notify_all(),
+                            PushKind::Disconnection => {
+                                hub.notify_all();
+                                if let Some((sentinel, options, push_tx)) = &follow
+                                    && let Some(moved) = resubscribe_at_master(sentinel, options, push_tx, &hub).await
+                                {
+                                    conn = moved;
+                                }
+                            }
                             _ => {}
                         }
                     }
@@ -214,4 +213,50 @@ enum SubscriberCommand {
     Subscribe(String, oneshot::Sender<redis::RedisResult<()>>),
     Unsubscribe(String),
     Requeue(String),
+}
+
+/// A RESP3 subscription connection to one server, feeding `push_tx`.
+async fn single_subscriber(
+    url: &str,
+    options: &RedisOptions,
+    push_tx: mpsc::UnboundedSender<redis::PushInfo>,
+) -> Result<SubConn, redis::RedisError> {
+    let info = url.into_connection_info()?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = open_client(
+        info.set_redis_settings(settings),
+        options.tls_root_cert.as_deref(),
+    )?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.command_timeout))
+        .set_push_sender(push_tx)
+        .set_automatic_resubscription();
+    Ok(SubConn::Single(
+        ConnectionManager::new_with_config(client, config).await?,
+    ))
+}
+
+/// Opens a subscription connection at the master the sentinels name now and subscribes it to
+/// every channel someone waits on; `None` if that failed (the old connection keeps trying).
+async fn resubscribe_at_master(
+    sentinel: &SentinelConn,
+    options: &RedisOptions,
+    push_tx: &mpsc::UnboundedSender<redis::PushInfo>,
+    hub: &ReleaseHub,
+) -> Option<SubConn> {
+    let url = sentinel.master_url().await.ok()?;
+    let mut conn = single_subscriber(&url, options, push_tx.clone())
+        .await
+        .ok()?;
+    for channel in hub.channels() {
+        conn.subscribe(&channel).await.ok()?;
+    }
+    // Releases between the old connection's loss and now were not heard.
+    hub.notify_all();
+    tracing::debug!("subscriber moved to the master the sentinels name now");
+    Some(conn)
 }
