@@ -201,8 +201,9 @@ impl LockRuntimeBuilder {
         self
     }
 
-    /// With the `tls` cargo feature and a `rediss://` URL given to [`redis`](Self::redis):
-    /// trust this PEM root certificate (e.g. a private CA's) instead of the system's roots.
+    /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis) or
+    /// [`redlock`](Self::redlock): trust this PEM root certificate (e.g. a private CA's)
+    /// instead of the system's roots.
     /// A server whose certificate does not chain to it is refused at `build()`.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -287,8 +288,14 @@ impl LockRuntimeBuilder {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
                 check_ttl("node_timeout", node_timeout)?;
                 Backend::Redlock(
-                    RedlockBackend::connect(urls, connect_timeout, command_timeout, node_timeout)
-                        .await?,
+                    RedlockBackend::connect(
+                        urls,
+                        connect_timeout,
+                        command_timeout,
+                        node_timeout,
+                        self.tls_root_cert,
+                    )
+                    .await?,
                 )
             }
             Some(StoreChoice::Redis(url)) => {

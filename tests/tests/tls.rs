@@ -203,3 +203,49 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
         );
     }
 }
+
+/// Redlock over TLS: every master is a TLS-only server trusted through the private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    make_certs(dir.path(), "ca");
+    make_server_cert(dir.path(), "ca");
+    let servers: Vec<TlsServer> = (0..3).map(|_| start_tls_server(dir.path())).collect();
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("rediss://127.0.0.1:{}", s.1))
+        .collect();
+    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
+    let runtime = LockRuntime::builder()
+        .redlock(urls.clone())
+        .tls_root_cert_pem(ca)
+        .build()
+        .await
+        .expect("redlock over TLS");
+    let first = runtime
+        .lock("tls-quorum")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let first_fence = first.lease().fence();
+    assert!(first.release().await.expect("release"));
+    let second = runtime
+        .lock("tls-quorum")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(second.lease().fence() > first_fence);
+    second.release().await.expect("release");
+    let err = LockRuntime::builder()
+        .redlock(urls)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("the system roots do not trust the private CA");
+    assert!(
+        err.to_string().contains("only 0 of 3 masters answered"),
+        "{err}"
+    );
+}

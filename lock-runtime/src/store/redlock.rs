@@ -49,6 +49,7 @@ impl RedlockBackend {
         connect_timeout: Duration,
         command_timeout: Duration,
         node_timeout: Duration,
+        tls_root_cert: Option<Vec<u8>>,
     ) -> Result<Self, LockError> {
         if urls.len() < 3 {
             return Err(LockError::config(format!(
@@ -60,8 +61,10 @@ impl RedlockBackend {
         let mut connecting = JoinSet::new();
         for (i, url) in urls.into_iter().enumerate() {
             let hub = hub.clone();
+            let tls_root_cert = tls_root_cert.clone();
             connecting.spawn(async move {
-                let options = RedisOptions::single(url, connect_timeout, command_timeout);
+                let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
+                options.tls_root_cert = tls_root_cert;
                 (i, RedisBackend::connect_with(options, hub, true).await)
             });
         }
