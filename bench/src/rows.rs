@@ -98,20 +98,10 @@ pub(crate) async fn throughput_table(
         .collect())
 }
 
-/// Microseconds the server spent executing commands so far (sum over INFO commandstats).
+/// Microseconds the server spent executing commands so far (the INFO queries themselves left
+/// out).
 async fn server_usec(server: &RedisServer) -> anyhow::Result<u64> {
-    let mut conn = server.client().get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await?;
-    Ok(info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| l.split("usec=").nth(1))
-        .filter_map(|rest| rest.split(',').next())
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum())
+    Ok(server.command_stat("usec", |c| c != "info").await?)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -351,18 +341,9 @@ pub(crate) async fn watchdog_scale(
 
 /// Script calls (EVALSHA + EVAL) executed by the server so far.
 pub(crate) async fn script_calls(server: &RedisServer) -> anyhow::Result<u64> {
-    let mut conn = server.client().get_multiplexed_async_connection().await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await?;
-    Ok(info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next())
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum())
+    Ok(server
+        .command_stat("calls", |c| c == "evalsha" || c == "eval")
+        .await?)
 }
 
 /// Macro overhead: the annotated fn against the same pair through the programmatic API, in

@@ -76,6 +76,14 @@ pub(crate) fn millis_ceil(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
+/// A random duration in `[0, max)`, to spread the retries of many waiters or contenders. Not
+/// for secrets: seeded per call from the std hasher's random keys.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(RandomState::new().hash_one(std::time::SystemTime::now()) % nanos)
+}
+
 /// The safety margin subtracted from a lease's validity: ttl * 1% + 2 ms, for clock drift
 /// between this process and the store.
 pub(crate) fn drift(ttl: Duration) -> Duration {

@@ -1,12 +1,11 @@
 //! `LockRuntime::lock(key)`: a request with options, then one of three ways to acquire.
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{check_name, check_ttl, drift};
+use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
 use crate::store::{AcquireOutcome, KeyNames};
@@ -359,13 +358,6 @@ impl LockRequest {
             waited: started.elapsed(),
         }
     }
-}
-
-/// A random duration in `[0, max)`, to spread retries of many waiters.
-fn jitter(max: Duration) -> Duration {
-    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
-    let random = RandomState::new().hash_one(std::time::SystemTime::now());
-    Duration::from_nanos(random % nanos)
 }
 
 fn far_future() -> Instant {

@@ -122,20 +122,15 @@ impl Driver {
             tokio::select! {
                 command = commands.recv() => {
                     let Some(command) = command else { break };
-                    if let Command::Shutdown(done) = command {
-                        self.shutdown().await;
-                        let _ = done.send(());
-                        return;
-                    }
-                    self.handle(command);
-                    // Take whatever else is queued before looking at the timer again.
-                    while let Ok(command) = commands.try_recv() {
-                        if let Command::Shutdown(done) = command {
+                    // This command, then whatever else is queued, before the timer again.
+                    let mut next = Some(command);
+                    while let Some(command) = next {
+                        if let Some(done) = self.handle(command) {
                             self.shutdown().await;
                             let _ = done.send(());
                             return;
                         }
-                        self.handle(command);
+                        next = commands.try_recv().ok();
                     }
                     self.compact();
                 }
@@ -165,7 +160,8 @@ impl Driver {
         }
     }
 
-    fn handle(&mut self, command: Command) {
+    /// Applies a command; a shutdown is handed back for `run` to carry out.
+    fn handle(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
         match command {
             Command::Register(lease) => {
                 let next_renew = lease
@@ -190,8 +186,9 @@ impl Driver {
                 }
                 self.spawn_release(job);
             }
-            Command::Shutdown(_) => {}
+            Command::Shutdown(done) => return Some(done),
         }
+        None
     }
 
     fn spawn_release(&mut self, job: ReleaseJob) {

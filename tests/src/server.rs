@@ -158,6 +158,34 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("a loopback URL parses")
     }
 
+    /// Sums one field (`calls` or `usec`) of `INFO commandstats` over the commands `pick`
+    /// accepts (by name, e.g. `evalsha`), so tests and the benchmark count what the server
+    /// itself did.
+    pub async fn command_stat(
+        &self,
+        field: &str,
+        pick: impl Fn(&str) -> bool,
+    ) -> redis::RedisResult<u64> {
+        let mut conn = self.client().get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        let prefix = format!("{field}=");
+        Ok(info
+            .lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(':'))
+            .filter(|(command, _)| pick(command))
+            .filter_map(|(_, stats)| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(prefix.as_str()))?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum())
+    }
+
     /// Kills the server with SIGKILL and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

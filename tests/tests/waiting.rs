@@ -8,22 +8,10 @@ use lock_tests::RedisServer;
 
 /// Script calls (EVALSHA and EVAL) the server has executed so far.
 async fn script_calls(server: &RedisServer) -> u64 {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
+    server
+        .command_stat("calls", |c| c == "evalsha" || c == "eval")
         .await
-        .expect("connect");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next())
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum()
+        .expect("INFO commandstats")
 }
 
 /// `runtimes` runtimes x `tasks` tasks each take the one key `rounds` times, holding it 2 ms.

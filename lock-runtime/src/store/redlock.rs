@@ -14,7 +14,7 @@ use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, RedisBackend, RedisOptions, ReleaseHub,
     ReleaseOutcome, ReleaseWatch,
 };
-use crate::config::drift;
+use crate::config::{drift, jitter};
 use crate::{BackendError, LockError};
 
 /// The default bound on one node's answer.
@@ -232,7 +232,7 @@ impl RedlockBackend {
         let expiry = held_pttls.iter().flatten().min().copied();
         let pttl = match expiry {
             Some(p) if fences.is_empty() => Some(p),
-            _ => Some(Duration::from_millis(10) + random_below(Duration::from_millis(50))),
+            _ => Some(Duration::from_millis(10) + jitter(Duration::from_millis(50))),
         };
         Ok(AcquireOutcome::Held { pttl })
     }
@@ -389,10 +389,4 @@ impl RedlockBackend {
             .collect();
         Ok(SubscriberHandle::watch_all(handles, notify, &names.channel))
     }
-}
-
-fn random_below(max: Duration) -> Duration {
-    use std::hash::{BuildHasher, RandomState};
-    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
-    Duration::from_nanos(RandomState::new().hash_one(std::time::SystemTime::now()) % nanos)
 }
