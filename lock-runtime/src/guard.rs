@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::config::{check_ttl, drift};
 use crate::runtime::RuntimeInner;
-use crate::store::{ExtendItem, ReleaseOutcome};
+use crate::store::{ExtendItem, KeyNames, ReleaseOutcome};
 use crate::watchdog::{Command, ReleaseJob};
 use crate::{Lease, LockError};
 
@@ -120,15 +120,8 @@ impl LockGuard {
         state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
         // If this future is dropped mid-way, the pending release below still runs.
-        let mut pending = PendingRelease {
-            runtime: Some(self.runtime.clone()),
-            job: Some(ReleaseJob {
-                names: state.names.clone(),
-                token: state.token.clone(),
-                done_retention,
-                lease_id: None,
-            }),
-        };
+        let pending =
+            PendingRelease::new(&self.runtime, &state.names, &state.token, done_retention);
         let outcome = self
             .runtime
             .backend
@@ -170,21 +163,47 @@ impl Drop for LockGuard {
 }
 
 /// Hands a release to the background driver if the future doing it is dropped first.
-pub(crate) struct PendingRelease {
-    pub(crate) runtime: Option<Arc<RuntimeInner>>,
-    pub(crate) job: Option<ReleaseJob>,
+/// It only borrows what it would release, so the common path (the future completes and
+/// `disarm` is called) costs no allocation.
+pub(crate) struct PendingRelease<'a> {
+    runtime: &'a RuntimeInner,
+    names: &'a KeyNames,
+    token: &'a str,
+    done_retention: Option<Duration>,
+    armed: bool,
 }
 
-impl PendingRelease {
-    pub(crate) fn disarm(&mut self) {
-        self.job = None;
+impl<'a> PendingRelease<'a> {
+    pub(crate) fn new(
+        runtime: &'a RuntimeInner,
+        names: &'a KeyNames,
+        token: &'a str,
+        done_retention: Option<Duration>,
+    ) -> Self {
+        PendingRelease {
+            runtime,
+            names,
+            token,
+            done_retention,
+            armed: true,
+        }
+    }
+
+    /// The operation completed: nothing to do in the background.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
     }
 }
 
-impl Drop for PendingRelease {
+impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
-        if let (Some(runtime), Some(job)) = (self.runtime.take(), self.job.take()) {
-            runtime.watchdog.send(Command::Release(job));
+        if self.armed {
+            self.runtime.watchdog.send(Command::Release(ReleaseJob {
+                names: self.names.clone(),
+                token: self.token.to_owned(),
+                done_retention: self.done_retention,
+                lease_id: None,
+            }));
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
 use crate::store::{AcquireOutcome, KeyNames};
-use crate::watchdog::{Command, ReleaseJob};
+use crate::watchdog::Command;
 use crate::{Lease, LockError, LockGuard, LockRuntime};
 
 /// A lock request built by [`LockRuntime::lock`]; configure it, then acquire.
@@ -199,15 +199,7 @@ impl LockRequest {
         let token = uuid::Uuid::new_v4().simple().to_string();
         // If this future is dropped while the script is in flight, the store may have granted
         // the lock to a caller that is gone: release it in the background.
-        let mut pending = PendingRelease {
-            runtime: Some(inner.clone()),
-            job: Some(ReleaseJob {
-                names: names.clone(),
-                token: token.clone(),
-                done_retention: None,
-                lease_id: None,
-            }),
-        };
+        let pending = PendingRelease::new(inner, names, &token, None);
         let label = inner.metric_label(&names.key);
         crate::metrics::attempt(&label);
         let sent = Instant::now();
