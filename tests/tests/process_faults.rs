@@ -1,12 +1,48 @@
-//! Faults that need a separate OS process: a holder killed with SIGKILL.
+//! Faults that need a separate OS process: holders killed, paused, or stopped with SIGTERM,
+//! run-once across processes, SCRIPT FLUSH.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use lock_tests::TestStore;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::Instant;
+
+/// Starts one of this package's helper binaries with its stdout piped (and stdin, if asked).
+fn spawn_helper(
+    binary: &str,
+    args: &[String],
+    stdin: bool,
+) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut command = Command::new(binary);
+    command.args(args).stdout(Stdio::piped()).kill_on_drop(true);
+    if stdin {
+        command.stdin(Stdio::piped());
+    }
+    let mut child = command.spawn().expect("spawning a helper process");
+    let stdout = child.stdout.take().expect("piped stdout");
+    (child, BufReader::new(stdout).lines())
+}
+
+/// The helper's next line of output, within 10 s.
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the helper reports within 10 s")
+        .expect("reading the helper's stdout")
+        .expect("a line from the helper")
+}
+
+/// Sends `sig` (e.g. `-STOP`) to a process this test started.
+fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("the helper runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args([sig, pid.as_str()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
 
 /// A holder killed with SIGKILL never releases: the lock stays held until its ttl runs out,
 /// then it is free again.
@@ -17,19 +53,12 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
         unreachable!("made as redis")
     };
     let ttl = Duration::from_secs(2);
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock_holder"))
-        .args([server.url(), "job".into(), ttl.as_millis().to_string()])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning the holder process");
-    let stdout = holder.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the holder reports within 10 s")
-        .expect("reading the holder's stdout")
-        .expect("a line from the holder");
+    let (mut holder, mut lines) = spawn_helper(
+        env!("CARGO_BIN_EXE_lock_holder"),
+        &[server.url(), "job".into(), ttl.as_millis().to_string()],
+        false,
+    );
+    let line = next_line(&mut lines).await;
     assert!(line.starts_with("acquired "), "holder said {line:?}");
 
     let runtime = store.runtime().await;
@@ -125,19 +154,12 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
     let TestStore::Redis(server) = &store else {
         unreachable!("made as redis")
     };
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock_holder"))
-        .args([server.url(), "graceful".into(), "30000".into()])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning the holder process");
-    let stdout = holder.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the holder reports")
-        .expect("stdout")
-        .expect("a line");
+    let (mut holder, mut lines) = spawn_helper(
+        env!("CARGO_BIN_EXE_lock_holder"),
+        &[server.url(), "graceful".into(), "30000".into()],
+        false,
+    );
+    let line = next_line(&mut lines).await;
     assert!(line.starts_with("acquired "), "{line}");
 
     let runtime = store.runtime().await;
@@ -149,12 +171,7 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "held by the other process");
-    let pid = holder.id().expect("the holder runs");
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(sent.success());
+    signal(&holder, "-TERM");
     let signalled = Instant::now();
     let guard = tokio::time::timeout(Duration::from_secs(3), waiter)
         .await
@@ -243,34 +260,18 @@ async fn paused_holder_is_fenced_off() {
     let TestStore::Redis(server) = &store else {
         unreachable!("made as redis")
     };
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_fenced_writer"))
-        .args([server.url(), "ledger-job".into(), "1000".into()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning the holder");
+    let (mut holder, mut lines) = spawn_helper(
+        env!("CARGO_BIN_EXE_fenced_writer"),
+        &[server.url(), "ledger-job".into(), "1000".into()],
+        true,
+    );
     let mut stdin = holder.stdin.take().expect("piped stdin");
-    let mut lines = BufReader::new(holder.stdout.take().expect("piped stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the holder reports")
-        .expect("stdout")
-        .expect("a line");
+    let line = next_line(&mut lines).await;
     let old_fence: u64 = line
         .strip_prefix("acquired ")
         .and_then(|f| f.parse().ok())
         .expect("acquired <fence>");
-    let pid = holder.id().expect("running").to_string();
-    let signal = |sig: &str| {
-        let status = std::process::Command::new("kill")
-            .args([sig, pid.as_str()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    };
-
-    signal("-STOP");
+    signal(&holder, "-STOP");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let runtime = store.runtime().await;
     let guard = runtime
@@ -291,14 +292,10 @@ async fn paused_holder_is_fenced_off() {
         "the new holder's write is accepted"
     );
 
-    signal("-CONT");
+    signal(&holder, "-CONT");
     stdin.write_all(b"write\n").await.expect("stdin");
     stdin.flush().await.expect("flush");
-    let report = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the resumed holder reports")
-        .expect("stdout")
-        .expect("a line");
+    let report = next_line(&mut lines).await;
     assert_eq!(report, "lost_before=true accepted=false", "{report}");
     let rejected: Option<u64> = redis::cmd("GET")
         .arg("ledger:rejected")
