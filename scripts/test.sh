@@ -5,12 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-    echo "redis-server not found; installing it from Debian's packages" >&2
+# The tests also use redis-cli (cluster creation, from redis-server's dependencies) and the
+# openssl command (certificates for the TLS test).
+MISSING=""
+command -v redis-server >/dev/null 2>&1 || MISSING="$MISSING redis-server"
+command -v openssl >/dev/null 2>&1 || MISSING="$MISSING openssl"
+if [ -n "$MISSING" ]; then
+    echo "installing from Debian's packages:$MISSING" >&2
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y redis-server
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y $MISSING
 fi
 redis-server --version
 
