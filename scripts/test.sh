@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server (Debian package) when it is missing: the tests start their own
+# Installs redis-server and openssl (Debian packages) when missing: the tests start their own
 # redis-server processes on free loopback ports and never use a system service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
