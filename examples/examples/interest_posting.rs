@@ -40,27 +40,42 @@ struct Ledger {
 #[derive(Debug, Default)]
 struct LedgerState {
     posted: HashMap<String, String>,
-    /// The highest fence seen per date (fences count per lock key, and the key is per date).
-    highest_fence: HashMap<String, u64>,
+    /// The highest fence seen per date (fences increase per lock key, and the key is per
+    /// date), with the lock token that wrote it.
+    highest_fence: HashMap<String, (u64, String)>,
 }
 
 impl Ledger {
-    fn post_interest(&self, date: &str, by: &str, fence: u64) -> Posting {
+    fn post_interest(&self, date: &str, by: &str, fence: u64, token: &str) -> Posting {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let highest = state.highest_fence.entry(date.to_owned()).or_insert(0);
-        if fence < *highest {
-            // A holder that was paused past its lease writes after a newer holder did.
+        let highest = state
+            .highest_fence
+            .entry(date.to_owned())
+            .or_insert((0, String::new()));
+        // A holder that was paused past its lease writes after a newer holder did: its fence
+        // is lower. An equal fence is only ever the same holder again; from another token it
+        // means two holders got one fence, and is refused too.
+        if fence < highest.0 || (fence == highest.0 && token != highest.1) {
             return Posting::StaleFence {
                 fence,
-                highest: *highest,
+                highest: highest.0,
             };
         }
-        *highest = fence;
+        *highest = (fence, token.to_owned());
         if let Some(by) = state.posted.get(date) {
             return Posting::AlreadyPosted { by: by.clone() };
         }
         state.posted.insert(date.to_owned(), by.to_owned());
         Posting::Posted { fence }
+    }
+
+    fn highest_fence(&self, date: &str) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .highest_fence
+            .get(date)
+            .map_or(0, |(fence, _)| *fence)
     }
 
     fn postings(&self) -> usize {
@@ -86,10 +101,15 @@ async fn post_daily_interest(
     instance: &str,
     ledger: &Ledger,
 ) -> anyhow::Result<Option<Posting>> {
-    let fence = current_lease().context("inside a locked body")?.fence();
+    let lease = current_lease().context("inside a locked body")?;
     // Computing interest on every account takes a while.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(Some(ledger.post_interest(date, instance, fence)))
+    Ok(Some(ledger.post_interest(
+        date,
+        instance,
+        lease.fence(),
+        lease.token(),
+    )))
 }
 
 async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<LockRuntime> {
@@ -183,8 +203,17 @@ async fn main() -> anyhow::Result<()> {
 
     // An operator forces a second run of night 1 by hand, bypassing the lock: the ledger's
     // per-date marker keeps the posting single.
-    let forced = ledger.post_interest("2026-12-01", "operator", u64::MAX);
+    let forced = ledger.post_interest("2026-12-01", "operator", u64::MAX, "operator");
     println!("\nforced re-run of 2026-12-01 by an operator: {forced:?}");
+    // A write with the fence of the night's last writer but another token (two holders handed
+    // one fence) is refused like a stale one.
+    let last = ledger.highest_fence("2026-12-02");
+    let twin = ledger.post_interest("2026-12-02", "twin", last, "another-token");
+    println!("same fence, another token, for 2026-12-02: {twin:?}");
+    anyhow::ensure!(
+        matches!(twin, Posting::StaleFence { .. }),
+        "an equal fence from another token must be refused"
+    );
 
     println!(
         "postings per night: {posted_per_night:?}; ledger holds {} postings",

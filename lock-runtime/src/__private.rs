@@ -268,12 +268,24 @@ where
         Ok(r) => r,
         Err(e) => return Outcome::Failed(e),
     };
-    // Re-entrant per task: a nested call for a key this task holds runs directly.
-    if let Some(lease) = held_lease(runtime.inner.id, &spec.key)
-        && !lease.is_lost()
-    {
+    // Re-entrant per task: a nested call for a key an enclosing annotated call of this task
+    // holds runs directly. (A key this task holds through a `LockGuard` is not re-entrant:
+    // "skip" and "error" see it held, and "wait" fails with `LockError::WouldDeadlock`.)
+    if let Some(lease) = held_lease(runtime.inner.id, &spec.key).filter(|l| !l.is_lost()) {
         tracing::trace!("re-entrant call; the lock is already held by this task");
-        return Outcome::Ran(body.await);
+        let result = body.await;
+        // The nested call's `once` holds for it too: its success leaves its marker now.
+        if let Some(ms) = spec.once_ms
+            && succeeded(&result)
+            && let Err(e) = runtime
+                .inner
+                .backend
+                .mark_done(&lease.state.names, Duration::from_millis(ms))
+                .await
+        {
+            tracing::warn!(key = %spec.key, error = %e, "could not write the done marker of a re-entrant call");
+        }
+        return Outcome::Ran(result);
     }
     let mut request = runtime
         .lock(spec.key.clone())
@@ -319,11 +331,17 @@ where
     span.record("fence", lease.fence());
     let body = with_lease(lease.clone(), body);
     let result = if spec.abort_on_lost {
-        tokio::pin!(body);
-        tokio::select! {
-            biased;
-            r = &mut body => Some(r),
-            _ = lease.lost() => None,
+        // The loss is checked before every poll of the body: a lease lost when granted never
+        // starts the body, and a body woken by the loss itself is not polled again.
+        if lease.is_lost() {
+            None
+        } else {
+            tokio::pin!(body);
+            tokio::select! {
+                biased;
+                _ = lease.lost() => None,
+                r = &mut body => Some(r),
+            }
         }
     } else {
         Some(body.await)
@@ -336,13 +354,24 @@ where
             key: spec.key.clone(),
         });
     };
-    let released = if spec.once_ms.is_some() && succeeded(&result) {
+    let once = spec.once_ms.is_some() && succeeded(&result);
+    let released = if once {
         guard.complete().await
     } else {
         guard.release().await
     };
-    if let Err(e) = released {
-        tracing::warn!(key = %spec.key, error = %e, "release after the locked body failed; the lease will expire by its ttl");
+    match released {
+        // The lease lapsed while the body ran; `complete` wrote the done marker all the same.
+        Ok(false) if once => {
+            tracing::warn!(key = %spec.key, "the lease lapsed before the body finished; its done marker was written");
+        }
+        Ok(_) => {}
+        Err(e) if once => {
+            tracing::error!(key = %spec.key, error = %e, "the body succeeded but its done marker could not be written; the job may run again at the next firing");
+        }
+        Err(e) => {
+            tracing::warn!(key = %spec.key, error = %e, "release after the locked body failed; the lease will expire by its ttl");
+        }
     }
     Outcome::Ran(result)
 }

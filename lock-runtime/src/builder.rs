@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_TTL, check_name, check_ttl, default_owner, redact_url,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, DEFAULT_TTL, check_name, check_ttl,
+    default_owner, redact_url,
 };
 use crate::runtime::MetricsLabel;
 use crate::store::{Backend, DEFAULT_NODE_TIMEOUT, RedisBackend, RedisOptions, RedlockBackend};
@@ -14,7 +15,7 @@ use crate::{LockError, LockRuntime, MemoryStore};
 ///
 /// # Default
 /// namespace `"lock"`; default_ttl 30 s; owner `hostname:pid`; connect_timeout 5 s;
-/// command_timeout 5 s. There is no default store: a forgotten `.redis(..)` must not silently
+/// command_timeout 5 s; shutdown_grace 5 s. There is no default store: a forgotten `.redis(..)` must not silently
 /// turn into a per-process memory store that excludes nothing across instances.
 #[derive(Default)]
 pub struct LockRuntimeBuilder {
@@ -30,6 +31,7 @@ pub struct LockRuntimeBuilder {
     replicated: Option<(usize, Duration)>,
     metrics_label: Option<MetricsLabel>,
     tls_root_cert: Option<Vec<u8>>,
+    shutdown_grace: Option<Duration>,
 }
 
 enum StoreChoice {
@@ -145,8 +147,10 @@ impl LockRuntimeBuilder {
     /// this way survives a failover to one of those replicas. For `.redis(url)` (a master
     /// with replicas) and `.redis_sentinel(..)`.
     ///
-    /// `WAIT` holds the runtime's multiplexed connection while it waits, so other commands
-    /// of this runtime queue behind it for up to one replication round trip.
+    /// Each such acquire sends its script and `WAIT` pipelined on a connection of its own,
+    /// never retried, so a `WAIT` answers for that acquire alone and never holds up the
+    /// runtime's renewals and releases; it costs one connection set-up per acquire. A
+    /// shortfall is a transient error: waiters keep waiting through a replica outage.
     pub fn replicated_acquire(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicated = Some((replicas, timeout));
         self
@@ -238,6 +242,14 @@ impl LockRuntimeBuilder {
     /// How long one store command may take before it counts as failed (default 5 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = Some(timeout);
+        self
+    }
+
+    /// How long [`LockRuntime::shutdown`] keeps renewing leases that are still held, so
+    /// running jobs can finish with their lock (default 5 s). When it ends, the remaining
+    /// leases are marked lost, then released. Zero: mark lost and release at once.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = Some(grace);
         self
     }
 
@@ -350,6 +362,7 @@ impl LockRuntimeBuilder {
             default_ttl,
             owner,
             command_timeout,
+            self.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
             self.metrics_label,
         ))
     }

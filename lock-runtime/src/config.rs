@@ -17,6 +17,9 @@ pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// How long `build()` waits for the store to answer before giving up.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a shutdown lets held leases finish, unless the builder says otherwise.
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// Checks a lock key or a namespace: non-empty, at most 1 KiB, no braces (they would break the
 /// Cluster hash tag `{key}` that keeps a lock's record, fence and channel in one slot), no
 /// control characters.

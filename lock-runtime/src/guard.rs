@@ -7,9 +7,9 @@ use tokio::time::Instant;
 
 use crate::config::{check_ttl, drift};
 use crate::runtime::RuntimeInner;
-use crate::store::{ExtendItem, KeyNames, ReleaseOutcome};
+use crate::store::{ExtendItem, KeyNames, ReleaseOutcome, Renewal};
 use crate::watchdog::{Command, ReleaseJob};
-use crate::{Lease, LockError};
+use crate::{BackendError, Lease, LockError};
 
 /// Proof that this runtime holds a lock. The lock is released when the guard is released or
 /// dropped.
@@ -43,6 +43,7 @@ impl LockGuard {
         runtime: Arc<RuntimeInner>,
         done_retention: Option<Duration>,
     ) -> Self {
+        runtime.guard_opened(&lease.state);
         LockGuard {
             lease,
             runtime,
@@ -78,8 +79,16 @@ impl LockGuard {
                 ttl,
             }])
             .await?;
-        if renewed.first().copied().unwrap_or(false) {
-            state.extend_validity(sent + ttl - drift(ttl).min(ttl));
+        let renewed = match renewed.into_iter().next() {
+            Some(Renewal::Renewed) => true,
+            Some(Renewal::Unknown(why)) => return Err(BackendError::transient(why).into()),
+            Some(Renewal::NotOurs) | None => false,
+        };
+        if renewed {
+            if !state.extend_validity(sent + ttl - drift(ttl).min(ttl)) {
+                tracing::warn!(key = %state.names.key, fence = state.fence, "lock lost: the extension was answered after the lease ended");
+                return Ok(false);
+            }
             tracing::debug!(key = %state.names.key, fence = state.fence, ?ttl, "lease extended");
             Ok(true)
         } else {
@@ -105,6 +114,8 @@ impl LockGuard {
     /// Releases the lock and, for a request made with [`once`](crate::LockRequest::once),
     /// records that the work is done: later requests for the key skip until the retention
     /// ends. Marker and release are written by one script. Without `once` it is `release`.
+    /// The marker is written even when the lease lapsed while the work ran (the work did
+    /// succeed, and must not run again); the call then returns `Ok(false)`.
     ///
     /// # Cancel safety
     /// As for [`release`](Self::release).
@@ -117,6 +128,7 @@ impl LockGuard {
         self.armed = false;
         let state = self.lease.state.clone();
         state.mark_ended();
+        self.runtime.guard_closed(&state);
         state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
         // If this future is dropped mid-way, the pending release below still runs.
@@ -148,15 +160,17 @@ impl Drop for LockGuard {
         }
         let state = &self.lease.state;
         state.mark_ended();
+        self.runtime.guard_closed(state);
         state.count_release();
         // A dropped guard (early return, panic, cancellation) never marks the work done.
-        let sent = self.runtime.watchdog.send(Command::Release(ReleaseJob {
+        let sent = self.runtime.watchdog.release_in_background(ReleaseJob {
             names: state.names.clone(),
             token: state.token.clone(),
             done_retention: None,
             lease_id: Some(state.id),
-        }));
-        if !sent {
+        });
+        // A lease lost to the end of a shutdown grace period was released by the runtime.
+        if !sent && !state.is_lost() {
             tracing::warn!(key = %state.names.key, "lock runtime stopped; the lease will expire by its ttl");
         }
     }
@@ -198,12 +212,12 @@ impl<'a> PendingRelease<'a> {
 impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.runtime.watchdog.send(Command::Release(ReleaseJob {
+            self.runtime.watchdog.release_in_background(ReleaseJob {
                 names: self.names.clone(),
                 token: self.token.to_owned(),
                 done_retention: self.done_retention,
                 lease_id: None,
-            }));
+            });
         }
     }
 }

@@ -14,8 +14,10 @@ use crate::store::KeyNames;
 /// The lease is *valid* from the instant the acquire was sent for `ttl` minus a drift margin
 /// (ttl * 1% + 2 ms), and each successful renewal moves that end forward. Once the end passes
 /// without a renewal, or a renewal finds another owner's token, the lease is *lost*: `is_lost`
-/// turns true and `lost()` resolves. A lease its holder released is not lost; `lost()` then
-/// never resolves.
+/// turns true and stays true, and `lost()` resolves. A renewal whose answer arrives after the
+/// end never brings a lost lease back. A lease its holder released in time is not lost (`lost()`
+/// then never resolves) but it is not held either: [`Lease::is_held`] is the question "may I
+/// still act under this lock?".
 ///
 /// Pass [`Lease::fence`] to the storage the locked work writes: it is the only protection
 /// against a holder that was paused past its lease.
@@ -47,6 +49,9 @@ pub(crate) struct LeaseState {
     /// The `key` label of this lease's metrics (empty without the `metrics` feature).
     pub(crate) label: String,
     pub(crate) acquired_at: Instant,
+    /// The task that acquired the lease, to tell a wait for a lock this task already holds
+    /// (a deadlock) from an ordinary wait.
+    pub(crate) holder_task: TaskIdentity,
     /// Set once the leases-held gauge has been decremented for this lease.
     uncounted: AtomicBool,
     valid_until: Mutex<Instant>,
@@ -83,6 +88,7 @@ impl LeaseState {
             max_hold_until: p.max_hold_until,
             label: p.label,
             acquired_at: p.acquired_at,
+            holder_task: TaskIdentity::current(),
             uncounted: AtomicBool::new(false),
             valid_until: Mutex::new(p.valid_until),
             lost: AtomicBool::new(false),
@@ -98,15 +104,24 @@ impl LeaseState {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Moves the end of validity forward (never back).
-    pub(crate) fn extend_validity(&self, until: Instant) {
-        let mut v = self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if until > *v {
-            *v = until;
+    /// Moves the end of validity forward (never back), unless the lease is lost already: a
+    /// renewal answered after the validity ended does not revive it (the lease may have been
+    /// taken over in between, as far as the holder can tell). False when the lease is lost.
+    pub(crate) fn extend_validity(&self, until: Instant) -> bool {
+        {
+            let mut v = self
+                .valid_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !self.lost.load(Ordering::Acquire) && Instant::now() < *v {
+                if until > *v {
+                    *v = until;
+                }
+                return true;
+            }
         }
+        self.mark_lost();
+        false
     }
 
     /// Marks the lease lost and wakes `lost()` waiters; true the first time.
@@ -138,7 +153,12 @@ impl LeaseState {
         self.uncount();
     }
 
+    /// The holder let go of the lease. A lease already past its validity was lost first, and
+    /// stays reported lost.
     pub(crate) fn mark_ended(&self) {
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost();
+        }
         self.ended.store(true, Ordering::Release);
     }
 
@@ -150,7 +170,30 @@ impl LeaseState {
         if self.lost.load(Ordering::Acquire) {
             return true;
         }
-        !self.is_ended() && Instant::now() >= self.valid_until()
+        if self.is_ended() || Instant::now() < self.valid_until() {
+            return false;
+        }
+        // Seen lost by the clock before the watchdog noticed: record it, so the answer never
+        // goes back to false.
+        self.mark_lost();
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+/// Which task is running: a spawned tokio task, or else the thread (a `block_on` future never
+/// moves to another thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskIdentity {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl TaskIdentity {
+    pub(crate) fn current() -> Self {
+        match tokio::task::try_id() {
+            Some(id) => TaskIdentity::Task(id),
+            None => TaskIdentity::Thread(std::thread::current().id()),
+        }
     }
 }
 
@@ -178,10 +221,20 @@ impl Lease {
     }
 
     /// True once the lease is known not to be held any more: its validity ended without a
-    /// renewal, or the store's record belongs to another token. Checked against the clock
-    /// directly, so it is right even before the watchdog has run.
+    /// renewal, or the store's record belongs to another token, or the runtime's shutdown grace
+    /// period ended. Checked against the clock directly, so it is right even before the
+    /// watchdog has run. Monotonic: once true, it stays true.
+    ///
+    /// A lease released by its holder while still valid is not lost; use
+    /// [`is_held`](Self::is_held) to ask whether the lock may still be acted under.
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
+    }
+
+    /// True while the lease is held: not lost, and not released by its holder. Once false, it
+    /// stays false.
+    pub fn is_held(&self) -> bool {
+        !self.state.is_ended() && !self.state.is_lost()
     }
 
     /// Resolves when the lease is lost. Never resolves for a lease that is released by its
@@ -218,4 +271,47 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// How long the current holder has held it, by the store's clock.
     pub held_for: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(valid_for: Duration) -> LeaseState {
+        let now = Instant::now();
+        LeaseState::new(LeaseParams {
+            id: 1,
+            runtime_id: 1,
+            names: KeyNames::new("lock", "k"),
+            token: "t".to_owned(),
+            fence: 1,
+            ttl: valid_for,
+            watchdog: true,
+            max_hold_until: None,
+            valid_until: now + valid_for,
+            label: String::new(),
+            acquired_at: now,
+        })
+    }
+
+    /// A renewal answered after the validity ended must not revive the lease. Before the fix,
+    /// `is_lost` read true at the end of validity and false again after the late report.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_renewal_does_not_revive_a_lost_lease() {
+        let state = lease(Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(state.is_lost());
+        let revived = state.extend_validity(Instant::now() + Duration::from_secs(10));
+        assert!(!revived);
+        assert!(state.is_lost(), "once lost, always lost");
+    }
+
+    /// The same when nobody looked in between: the clock alone decides.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_after_the_end_is_a_loss_even_unobserved() {
+        let state = lease(Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!state.extend_validity(Instant::now() + Duration::from_secs(10)));
+        assert!(state.is_lost());
+    }
 }

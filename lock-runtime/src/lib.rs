@@ -66,7 +66,7 @@ pub use lease::{Lease, LockInfo};
 /// # async fn main() -> Result<(), lock_runtime::LockError> {
 /// let runtime = LockRuntime::builder().memory(MemoryStore::new()).build().await?;
 /// let posted = runtime.scope(post_daily_interest("2026-12-01")).await?;
-/// assert_eq!(posted, Some(1));
+/// assert!(posted.is_some(), "ran, under a fence");
 /// # Ok(()) }
 /// ```
 ///

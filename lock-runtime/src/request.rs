@@ -9,8 +9,8 @@ use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
 use crate::store::{AcquireOutcome, KeyNames};
-use crate::watchdog::Command;
-use crate::{Lease, LockError, LockGuard, LockRuntime};
+use crate::watchdog::{Command, ReleaseJob};
+use crate::{BackendError, Lease, LockError, LockGuard, LockRuntime};
 
 /// A lock request built by [`LockRuntime::lock`]; configure it, then acquire.
 ///
@@ -197,8 +197,10 @@ impl LockRequest {
     async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
         let inner = &self.runtime.inner;
         let token = uuid::Uuid::new_v4().simple().to_string();
-        // If this future is dropped while the script is in flight, the store may have granted
-        // the lock to a caller that is gone: release it in the background.
+        // If this future is dropped while the script is in flight, or the call fails (a reply
+        // lost or late: the store may still have granted it), the lock may belong to a caller
+        // that is gone: release it in the background. The release is token-checked, so it
+        // never touches anyone else's lock.
         let pending = PendingRelease::new(inner, names, &token, None);
         let label = inner.metric_label(&names.key);
         crate::metrics::attempt(&label);
@@ -214,9 +216,34 @@ impl LockRequest {
                 self.done_retention.is_some(),
             )
             .await;
-        pending.disarm();
-        match outcome? {
+        let outcome = match outcome {
+            Ok(outcome) => {
+                pending.disarm();
+                outcome
+            }
+            Err(e) => {
+                drop(pending);
+                return Err(e);
+            }
+        };
+        match outcome {
             AcquireOutcome::Acquired { fence } => {
+                // Granted while the runtime shuts down: nobody will renew it, so give it back.
+                if inner.is_shut_down() {
+                    give_back(inner, names, &token);
+                    return Err(LockError::Shutdown);
+                }
+                // Granted, but the answer came after the lease's validity had ended: the
+                // record may have expired and been taken by another holder already.
+                let valid_until = sent + ttl - drift(ttl).min(ttl);
+                if Instant::now() >= valid_until {
+                    give_back(inner, names, &token);
+                    return Err(BackendError::transient(format!(
+                        "lock `{}` was granted after its ttl ({ttl:?}) had passed; it was given back",
+                        names.key
+                    ))
+                    .into());
+                }
                 let state = Arc::new(LeaseState::new(LeaseParams {
                     id: inner.next_lease_id(),
                     runtime_id: inner.id,
@@ -226,12 +253,18 @@ impl LockRequest {
                     ttl,
                     watchdog: self.watchdog,
                     max_hold_until: self.max_hold.and_then(|m| sent.checked_add(m)),
-                    valid_until: sent + ttl - drift(ttl).min(ttl),
+                    valid_until,
                     label,
                     acquired_at: sent,
                 }));
+                if !inner.watchdog.send(Command::Register(state.clone())) {
+                    // The watchdog has stopped (shutdown finished): the lease would never be
+                    // renewed nor reported lost.
+                    state.mark_ended();
+                    give_back(inner, names, &state.token);
+                    return Err(LockError::Shutdown);
+                }
                 crate::metrics::acquired(&state.label);
-                inner.watchdog.send(Command::Register(state.clone()));
                 tracing::debug!(key = %names.key, fence, ?ttl, "lock acquired");
                 Ok(Attempt::Acquired(LockGuard::new(
                     Lease { state },
@@ -254,17 +287,54 @@ impl LockRequest {
     async fn acquire_until(self, deadline: Option<Instant>) -> Result<LockGuard, LockError> {
         let started = Instant::now();
         let (names, ttl) = self.validate()?;
+        let inner = self.runtime.inner.clone();
+        if inner.held_by_this_task(&names.record).is_some() {
+            return Err(LockError::WouldDeadlock {
+                key: self.key.clone(),
+            });
+        }
+        // The deadline bounds everything, store calls included; a grant that the deadline or a
+        // shutdown cuts off is released in the background by the attempt's own guard.
+        let waiting = self.wait_for(&names, ttl, deadline, started);
+        let bounded = async {
+            match deadline {
+                Some(d) => tokio::time::timeout_at(d, waiting)
+                    .await
+                    .unwrap_or_else(|_| Err(self.wait_timeout(started))),
+                None => waiting.await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = inner.shutting_down() => Err(LockError::Shutdown),
+            result = bounded => result,
+        }
+    }
+
+    async fn wait_for(
+        &self,
+        names: &KeyNames,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let names = names.clone();
         // Waiters of one key in this runtime line up in FIFO order and only the head talks to
         // the store: a release wakes one attempt per runtime instead of one per waiting task,
         // and a task that just released cannot barge ahead of tasks already waiting.
         let queue = self.runtime.inner.wait_queue(&names.record);
         let mut turn = match queue.clone().try_lock_owned() {
             Ok(turn) => {
-                // Nobody of ours is waiting: try at once.
-                match self.attempt(&names, ttl).await? {
-                    Attempt::Acquired(guard) => return Ok(guard),
-                    Attempt::Done => return Err(self.already_done()),
-                    Attempt::Busy(_) => {}
+                // Nobody of ours is waiting: try at once. A transient error is retried below,
+                // like any later attempt.
+                match self.attempt(&names, ttl).await {
+                    Ok(Attempt::Acquired(guard)) => return Ok(guard),
+                    Ok(Attempt::Done) => return Err(self.already_done()),
+                    Ok(Attempt::Busy(_)) => {}
+                    Err(e) if e.is_transient() => {
+                        tracing::debug!(key = %names.key, error = %e, "store unreachable; waiting and retrying");
+                    }
+                    Err(e) => return Err(e),
                 }
                 turn
             }
@@ -350,6 +420,17 @@ impl LockRequest {
             waited: started.elapsed(),
         }
     }
+}
+
+/// Releases, in the background, a grant the caller will not get. Not awaited, so cancelling
+/// the caller cannot cut it short.
+fn give_back(inner: &crate::runtime::RuntimeInner, names: &KeyNames, token: &str) {
+    inner.watchdog.release_in_background(ReleaseJob {
+        names: names.clone(),
+        token: token.to_owned(),
+        done_retention: None,
+        lease_id: None,
+    });
 }
 
 fn far_future() -> Instant {

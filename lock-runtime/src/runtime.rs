@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::builder::LockRuntimeBuilder;
 use crate::config::check_name;
+use crate::lease::{LeaseState, TaskIdentity};
 use crate::store::{KeyNames, ReleaseWatch, SharedBackend};
 use crate::watchdog::WatchdogHandle;
 use crate::{LockError, LockInfo, LockRequest};
@@ -38,7 +39,8 @@ tokio::task_local! {
 ///     .build()
 ///     .await?;
 /// let guard = runtime.lock("interest-posting").acquire().await?;
-/// assert_eq!(runtime.inspect("interest-posting").await?.map(|i| i.fence), Some(1));
+/// let fence = guard.lease().fence();
+/// assert_eq!(runtime.inspect("interest-posting").await?.map(|i| i.fence), Some(fence));
 /// guard.release().await?;
 /// runtime.shutdown().await;
 /// # Ok(()) }
@@ -77,10 +79,18 @@ pub(crate) struct RuntimeInner {
     pub(crate) watchdog: WatchdogHandle,
     next_lease: AtomicU64,
     shut_down: AtomicBool,
+    /// Turns true when `shutdown` starts; waiters watch it.
+    shutdown_signal: tokio::sync::watch::Sender<bool>,
+    /// How long `shutdown` lets held leases finish (builder `shutdown_grace`).
+    pub(crate) shutdown_grace: Duration,
     /// Maps a lock key to its metrics label (`metrics_key_label`); identity by default.
     pub(crate) metrics_label: Option<MetricsLabel>,
     /// Per-key FIFO queues of this runtime's waiting tasks (see `LockRequest::acquire`).
     wait_queues: Mutex<HashMap<String, Weak<WaitQueue>>>,
+    /// The leases whose guards are alive, by record key: a task that waits for a lock it
+    /// holds itself is told so instead of waiting forever, and the attribute treats a lock
+    /// taken through `lock()` by the same task as re-entrant.
+    guarded: Mutex<HashMap<String, Vec<Arc<LeaseState>>>>,
 }
 
 impl RuntimeInner {
@@ -102,6 +112,45 @@ impl RuntimeInner {
 
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// Resolves once `shutdown` has started (at once if it already has).
+    pub(crate) async fn shutting_down(&self) {
+        let mut signal = self.shutdown_signal.subscribe();
+        // The sender lives as long as `self`, so this only ends on `true`.
+        let _ = signal.wait_for(|started| *started).await;
+    }
+
+    /// Notes that a guard for `lease` is alive.
+    pub(crate) fn guard_opened(&self, lease: &Arc<LeaseState>) {
+        self.guarded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(lease.names.record.clone())
+            .or_default()
+            .push(lease.clone());
+    }
+
+    /// Notes that the guard of `lease` is gone.
+    pub(crate) fn guard_closed(&self, lease: &LeaseState) {
+        let mut guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(leases) = guarded.get_mut(&lease.names.record) {
+            leases.retain(|l| l.id != lease.id);
+            if leases.is_empty() {
+                guarded.remove(&lease.names.record);
+            }
+        }
+    }
+
+    /// A lease of `record` still held through a guard acquired by the current task.
+    pub(crate) fn held_by_this_task(&self, record: &str) -> Option<Arc<LeaseState>> {
+        let task = TaskIdentity::current();
+        let guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
+        guarded
+            .get(record)?
+            .iter()
+            .find(|l| l.holder_task == task && !l.is_ended() && !l.is_lost())
+            .cloned()
     }
 
     /// The wait queue of `record`, shared by every task of this runtime waiting for it.
@@ -135,6 +184,7 @@ impl LockRuntime {
         default_ttl: Duration,
         owner: String,
         command_timeout: Duration,
+        shutdown_grace: Duration,
         metrics_label: Option<MetricsLabel>,
     ) -> Self {
         let watchdog = WatchdogHandle::spawn(backend.clone(), command_timeout);
@@ -148,7 +198,10 @@ impl LockRuntime {
                 watchdog,
                 next_lease: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
+                shutdown_signal: tokio::sync::watch::Sender::new(false),
+                shutdown_grace,
                 wait_queues: Mutex::new(HashMap::new()),
+                guarded: Mutex::new(HashMap::new()),
                 metrics_label,
             }),
         }
@@ -197,14 +250,33 @@ impl LockRuntime {
         }))
     }
 
-    /// Releases every lease this runtime holds (each is reported lost to its holder first, so
-    /// locked bodies with `on_lost = "abort"` stop) and stops the watchdog. Later lock requests
-    /// fail with [`LockError::Shutdown`]. Calling it again does nothing.
+    /// Shuts the runtime down gracefully:
+    ///
+    /// 1. new lock requests fail with [`LockError::Shutdown`] at once, and so do tasks
+    ///    waiting for a lock (a lock granted to a waiter at that moment is given back);
+    /// 2. leases still held keep being renewed for up to the grace period
+    ///    ([`shutdown_grace`](crate::LockRuntimeBuilder::shutdown_grace), 5 s by default), so
+    ///    running jobs finish with their lock; each is released as its guard is released or
+    ///    dropped;
+    /// 3. when the grace period ends, what is still held is marked lost first (its
+    ///    [`Lease::lost`](crate::Lease::lost) fires, `on_lost = "abort"` bodies stop) and
+    ///    only then released, so a lock is never released while its holder still believes it
+    ///    holds it.
+    ///
+    /// Returns once no lease is held any more and the watchdog has stopped. Calling it again
+    /// (or from several tasks) waits for the same end.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop the shutdown: it goes on in the background.
     pub async fn shutdown(&self) {
-        if self.inner.shut_down.swap(true, Ordering::AcqRel) {
-            return;
+        if !self.inner.shut_down.swap(true, Ordering::AcqRel) {
+            self.inner.shutdown_signal.send_replace(true);
+            tracing::debug!(namespace = %self.inner.namespace, grace = ?self.inner.shutdown_grace, "lock runtime shutting down");
         }
-        self.inner.watchdog.shutdown().await;
+        self.inner
+            .watchdog
+            .shutdown(self.inner.shutdown_grace)
+            .await;
         tracing::debug!(namespace = %self.inner.namespace, "lock runtime shut down");
     }
 

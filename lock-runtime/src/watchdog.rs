@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::config::drift;
 use crate::lease::LeaseState;
-use crate::store::{ExtendItem, KeyNames, ReleaseOutcome, SharedBackend};
+use crate::store::{ExtendItem, KeyNames, ReleaseOutcome, Renewal, SharedBackend};
 
 /// Renewals due within this window of each other are sent together.
 const COALESCE: Duration = Duration::from_millis(10);
@@ -37,18 +37,26 @@ pub(crate) enum Command {
     /// The holder released the lease itself; stop renewing it.
     Forget(u64),
     Release(ReleaseJob),
-    Shutdown(oneshot::Sender<()>),
+    /// Graceful shutdown: keep renewing what is held for at most `grace`, then mark what
+    /// remains lost and release it; answer on `done` once the registry is empty.
+    Shutdown {
+        grace: Duration,
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// The sending side, held by the runtime and by every guard.
 #[derive(Debug, Clone)]
 pub(crate) struct WatchdogHandle {
     tx: mpsc::UnboundedSender<Command>,
+    /// For releases after the driver has stopped.
+    fallback: (SharedBackend, Duration),
 }
 
 impl WatchdogHandle {
     pub(crate) fn spawn(backend: SharedBackend, command_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let fallback = (backend.clone(), command_timeout);
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         let driver = Driver {
             backend,
@@ -57,20 +65,41 @@ impl WatchdogHandle {
             heap: BinaryHeap::new(),
             results_tx,
             releases: JoinSet::new(),
+            draining: None,
         };
         tokio::spawn(driver.run(rx, results_rx));
-        WatchdogHandle { tx }
+        WatchdogHandle { tx, fallback }
     }
 
-    /// Sends a command; false if the driver is gone (its tokio runtime ended, or shutdown).
+    /// Releases `job` in the background: through the driver, or, once the driver has stopped
+    /// (after a shutdown), on a task of its own, so a grant that arrives late is never left
+    /// to its ttl. Never blocks; without a tokio runtime to run on, the lease expires by its
+    /// ttl.
+    pub(crate) fn release_in_background(&self, job: ReleaseJob) -> bool {
+        let job = match self.tx.send(Command::Release(job)) {
+            Ok(()) => return true,
+            Err(mpsc::error::SendError(Command::Release(job))) => job,
+            Err(_) => return false,
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let (backend, timeout) = self.fallback.clone();
+        handle.spawn(run_release(backend, timeout, job));
+        true
+    }
+
+    /// Sends a command; false if the driver is gone (its tokio runtime ended, or shutdown
+    /// finished).
     pub(crate) fn send(&self, command: Command) -> bool {
         self.tx.send(command).is_ok()
     }
 
-    /// Releases everything still registered and stops the driver.
-    pub(crate) async fn shutdown(&self) {
-        let (done_tx, done_rx) = oneshot::channel();
-        if self.send(Command::Shutdown(done_tx)) {
+    /// Lets held leases finish within `grace`, then marks the rest lost and releases them;
+    /// returns when nothing is registered any more and the driver has stopped.
+    pub(crate) async fn shutdown(&self, grace: Duration) {
+        let (done, done_rx) = oneshot::channel();
+        if self.send(Command::Shutdown { grace, done }) {
             let _ = done_rx.await;
         }
     }
@@ -87,8 +116,9 @@ struct Entry {
 
 struct RenewReport {
     sent: Instant,
-    leases: Vec<Arc<LeaseState>>,
-    result: Result<Vec<bool>, String>,
+    /// Each lease with the ttl its renewal asked for (capped by max_hold).
+    leases: Vec<(Arc<LeaseState>, Duration)>,
+    result: Result<Vec<Renewal>, String>,
 }
 
 struct Driver {
@@ -98,6 +128,8 @@ struct Driver {
     heap: BinaryHeap<Reverse<(Instant, u64, u64)>>,
     results_tx: mpsc::UnboundedSender<RenewReport>,
     releases: JoinSet<()>,
+    /// Set by a shutdown: when the grace period ends, and who waits for the end.
+    draining: Option<(Instant, Vec<oneshot::Sender<()>>)>,
 }
 
 impl Driver {
@@ -111,7 +143,19 @@ impl Driver {
         let timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(timer);
         let mut armed_for: Option<Instant> = None;
+        let grace_timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(grace_timer);
+        let mut grace_armed = false;
         loop {
+            if let Some((grace_end, _)) = &self.draining {
+                if self.entries.is_empty() {
+                    break;
+                }
+                if !grace_armed {
+                    grace_timer.as_mut().reset(*grace_end);
+                    grace_armed = true;
+                }
+            }
             let next_wake = self.heap.peek().map(|Reverse((at, _, _))| *at);
             if next_wake != armed_for {
                 if let Some(at) = next_wake {
@@ -125,11 +169,7 @@ impl Driver {
                     // This command, then whatever else is queued, before the timer again.
                     let mut next = Some(command);
                     while let Some(command) = next {
-                        if let Some(done) = self.handle(command) {
-                            self.shutdown().await;
-                            let _ = done.send(());
-                            return;
-                        }
+                        self.handle(command);
                         next = commands.try_recv().ok();
                     }
                     self.compact();
@@ -140,10 +180,45 @@ impl Driver {
                     armed_for = None;
                     self.on_timer();
                 }
+                _ = &mut grace_timer, if grace_armed => {
+                    self.end_grace();
+                }
             }
         }
-        // Every handle is gone; finish the releases already started.
+        self.stop(commands).await;
+    }
+
+    /// The grace period is over: whatever is still held is marked lost (so its holder stops
+    /// acting on it) and only then released.
+    fn end_grace(&mut self) {
+        let entries: Vec<Entry> = self.entries.drain().map(|(_, e)| e).collect();
+        for entry in entries {
+            let lease = entry.lease;
+            lose(&lease, "the runtime shut down and its grace period ended");
+            self.spawn_release(ReleaseJob {
+                names: lease.names.clone(),
+                token: lease.token.clone(),
+                done_retention: None,
+                lease_id: None,
+            });
+        }
+    }
+
+    /// Stops taking commands, handles those already queued (a lease registered at the last
+    /// moment is lost and released, never left unrenewed), finishes every release, then
+    /// answers the shutdown callers.
+    async fn stop(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        commands.close();
+        while let Ok(command) = commands.try_recv() {
+            self.handle(command);
+        }
+        self.end_grace();
         while self.releases.join_next().await.is_some() {}
+        if let Some((_, waiting)) = self.draining.take() {
+            for done in waiting {
+                let _ = done.send(());
+            }
+        }
     }
 
     /// Rebuilds the heap when it is mostly stale items of leases released long before their
@@ -160,13 +235,14 @@ impl Driver {
         }
     }
 
-    /// Applies a command; a shutdown is handed back for `run` to carry out.
-    fn handle(&mut self, command: Command) -> Option<oneshot::Sender<()>> {
+    fn handle(&mut self, command: Command) {
         match command {
             Command::Register(lease) => {
+                // Counted from the acquire's send, like the validity: an acquire that took
+                // long is renewed at once rather than after another third of the ttl.
                 let next_renew = lease
                     .watchdog
-                    .then(|| Instant::now() + renew_interval(lease.ttl));
+                    .then(|| lease.acquired_at + renew_interval(lease.ttl));
                 let entry = Entry {
                     lease,
                     next_renew,
@@ -186,35 +262,22 @@ impl Driver {
                 }
                 self.spawn_release(job);
             }
-            Command::Shutdown(done) => return Some(done),
+            Command::Shutdown { grace, done } => {
+                let now = Instant::now();
+                let grace_end = now
+                    .checked_add(grace)
+                    .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+                match &mut self.draining {
+                    Some((_, waiting)) => waiting.push(done),
+                    None => self.draining = Some((grace_end, vec![done])),
+                }
+            }
         }
-        None
     }
 
     fn spawn_release(&mut self, job: ReleaseJob) {
-        let backend = self.backend.clone();
-        let timeout = self.command_timeout;
-        self.releases.spawn(async move {
-            match tokio::time::timeout(
-                timeout,
-                backend.release(&job.names, &job.token, job.done_retention),
-            )
-            .await
-            {
-                Ok(Ok(ReleaseOutcome::NotOwner)) => {
-                    tracing::debug!(key = %job.names.key, "lock was no longer ours at release");
-                }
-                Ok(Ok(outcome)) => {
-                    tracing::debug!(key = %job.names.key, ?outcome, "lock released by guard drop");
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(key = %job.names.key, error = %e, "release failed; the lease will expire by its ttl");
-                }
-                Err(_) => {
-                    tracing::warn!(key = %job.names.key, "release timed out; the lease will expire by its ttl");
-                }
-            }
-        });
+        self.releases
+            .spawn(run_release(self.backend.clone(), self.command_timeout, job));
     }
 
     /// Puts the entry's next event (renewal or end of validity) on the heap.
@@ -233,7 +296,7 @@ impl Driver {
 
     fn on_timer(&mut self) {
         let now = Instant::now();
-        let mut batch: Vec<Arc<LeaseState>> = Vec::new();
+        let mut batch: Vec<(Arc<LeaseState>, Duration)> = Vec::new();
         let mut touched = Vec::new();
         while let Some(Reverse((at, id, generation))) = self.heap.peek().copied() {
             if at > now + COALESCE {
@@ -254,13 +317,17 @@ impl Driver {
             }
             let renew_due =
                 !entry.in_flight && entry.next_renew.is_some_and(|r| r <= now + COALESCE);
-            let past_max_hold = entry.lease.max_hold_until.is_some_and(|m| now >= m);
-            if renew_due && past_max_hold {
+            // A renewal never reaches past max_hold: the last one asks only for what is left.
+            let renew_ttl = match entry.lease.max_hold_until {
+                Some(m) => entry.lease.ttl.min(m.saturating_duration_since(now)),
+                None => entry.lease.ttl,
+            };
+            if renew_due && renew_ttl < Duration::from_millis(1) {
                 tracing::debug!(key = %entry.lease.names.key, "max_hold reached; renewals stop and the lease will expire");
                 entry.next_renew = None;
             } else if renew_due {
                 entry.in_flight = true;
-                batch.push(entry.lease.clone());
+                batch.push((entry.lease.clone(), renew_ttl));
             }
             touched.push(id);
         }
@@ -272,26 +339,21 @@ impl Driver {
         }
     }
 
-    fn spawn_renewal(&mut self, leases: Vec<Arc<LeaseState>>) {
+    fn spawn_renewal(&mut self, leases: Vec<(Arc<LeaseState>, Duration)>) {
         let backend = self.backend.clone();
         let results = self.results_tx.clone();
-        // Never wait past the earliest validity end in the batch: the loss must be reported then.
-        let shortest = leases
-            .iter()
-            .map(|l| l.ttl)
-            .min()
-            .unwrap_or(self.command_timeout);
-        let timeout = self
-            .command_timeout
-            .min(renew_interval(shortest))
-            .max(Duration::from_millis(5));
+        // Not cut short by the validity of any lease in the batch: a lease whose validity ends
+        // while its renewal is in flight is reported lost at that instant by the timer (see
+        // `schedule`), so one lease near its end must not fail the renewal of the others. The
+        // store bounds its own calls by the command timeout; this is only a backstop.
+        let timeout = self.command_timeout + Duration::from_secs(1);
         tokio::spawn(async move {
             let items: Vec<ExtendItem> = leases
                 .iter()
-                .map(|l| ExtendItem {
+                .map(|(l, ttl)| ExtendItem {
                     record: l.names.record.clone(),
                     token: l.token.clone(),
-                    ttl: l.ttl,
+                    ttl: *ttl,
                 })
                 .collect();
             let sent = Instant::now();
@@ -310,24 +372,35 @@ impl Driver {
 
     fn on_report(&mut self, report: RenewReport) {
         let now = Instant::now();
-        for (i, lease) in report.leases.iter().enumerate() {
+        for (i, (lease, ttl)) in report.leases.iter().enumerate() {
             let Some(entry) = self.entries.get_mut(&lease.id) else {
                 continue; // released meanwhile
             };
             entry.in_flight = false;
-            match &report.result {
-                Ok(renewed) if renewed.get(i).copied().unwrap_or(false) => {
-                    lease
-                        .extend_validity(report.sent + lease.ttl - drift(lease.ttl).min(lease.ttl));
+            let answer = match &report.result {
+                Ok(answers) => answers
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| Renewal::Unknown("no answer for this lease".to_owned())),
+                Err(e) => Renewal::Unknown(e.clone()),
+            };
+            match answer {
+                Renewal::Renewed => {
+                    let until = report.sent + *ttl - drift(lease.ttl).min(*ttl);
+                    if !lease.extend_validity(until) {
+                        self.entries.remove(&lease.id);
+                        lose(lease, "the renewal was answered after the lease ended");
+                        continue;
+                    }
                     entry.next_renew = Some(report.sent + renew_interval(lease.ttl));
                     tracing::trace!(key = %lease.names.key, fence = lease.fence, "lease renewed");
                 }
-                Ok(_) => {
+                Renewal::NotOurs => {
                     self.entries.remove(&lease.id);
                     lose(lease, "the record now belongs to another token");
                     continue;
                 }
-                Err(e) => {
+                Renewal::Unknown(e) => {
                     if now >= lease.valid_until() {
                         self.entries.remove(&lease.id);
                         lose(lease, "renewals failed until the lease expired");
@@ -343,23 +416,28 @@ impl Driver {
             self.schedule(lease.id);
         }
     }
+}
 
-    /// Releases every registered lease (marking it lost first, so bodies relying on it stop)
-    /// and waits for the releases to finish.
-    async fn shutdown(&mut self) {
-        let entries: Vec<Entry> = self.entries.drain().map(|(_, e)| e).collect();
-        for entry in entries {
-            let lease = entry.lease;
-            lose(&lease, "the runtime is shutting down");
-            lease.mark_ended();
-            self.spawn_release(ReleaseJob {
-                names: lease.names.clone(),
-                token: lease.token.clone(),
-                done_retention: None,
-                lease_id: None,
-            });
+/// One background release, bounded by the command timeout.
+async fn run_release(backend: SharedBackend, timeout: Duration, job: ReleaseJob) {
+    match tokio::time::timeout(
+        timeout,
+        backend.release(&job.names, &job.token, job.done_retention),
+    )
+    .await
+    {
+        Ok(Ok(ReleaseOutcome::NotOwner)) => {
+            tracing::debug!(key = %job.names.key, "lock was no longer ours at release");
         }
-        while self.releases.join_next().await.is_some() {}
+        Ok(Ok(outcome)) => {
+            tracing::debug!(key = %job.names.key, ?outcome, "lock released in the background");
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(key = %job.names.key, error = %e, "release failed; the lease will expire by its ttl");
+        }
+        Err(_) => {
+            tracing::warn!(key = %job.names.key, "release timed out; the lease will expire by its ttl");
+        }
     }
 }
 

@@ -15,6 +15,8 @@ struct Faults {
     stalled: AtomicBool,
     refusing: AtomicBool,
     latency_ms: AtomicU64,
+    /// Latency of every connection accepted from now on, for its whole life.
+    new_connection_latency_ms: AtomicU64,
     /// Bumped to drop every open connection.
     epoch: AtomicU64,
     stopped: AtomicBool,
@@ -78,6 +80,14 @@ impl FaultProxy {
         self.faults.refusing.store(on, Ordering::SeqCst);
     }
 
+    /// Delays every chunk of the connections accepted from now on (those already open are
+    /// not slowed): a reconnect is slow while the connections that stayed up are not.
+    pub fn set_new_connection_latency(&self, latency: Duration) {
+        self.faults
+            .new_connection_latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// Delays every forwarded chunk.
     pub fn set_latency(&self, latency: Duration) {
         self.faults
@@ -113,10 +123,23 @@ async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<F
             continue;
         };
         let epoch = faults.epoch.load(Ordering::SeqCst);
+        let own_latency = faults.new_connection_latency_ms.load(Ordering::SeqCst);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pump(client_read, server_write, faults.clone(), epoch));
-        tokio::spawn(pump(server_read, client_write, faults.clone(), epoch));
+        tokio::spawn(pump(
+            client_read,
+            server_write,
+            faults.clone(),
+            epoch,
+            own_latency,
+        ));
+        tokio::spawn(pump(
+            server_read,
+            client_write,
+            faults.clone(),
+            epoch,
+            own_latency,
+        ));
     }
 }
 
@@ -125,6 +148,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     faults: Arc<Faults>,
     epoch: u64,
+    own_latency_ms: u64,
 ) {
     let alive = |f: &Faults| f.epoch.load(Ordering::SeqCst) == epoch;
     let mut buf = vec![0u8; 64 * 1024];
@@ -144,7 +168,7 @@ async fn pump(
                 return;
             }
         }
-        let latency = faults.latency_ms.load(Ordering::SeqCst);
+        let latency = faults.latency_ms.load(Ordering::SeqCst) + own_latency_ms;
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }

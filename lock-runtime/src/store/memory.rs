@@ -45,12 +45,39 @@ struct Shared {
     hub: ReleaseHub,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     records: HashMap<String, Record>,
-    fences: HashMap<String, u64>,
     done: HashMap<String, Instant>,
+    /// The last fence handed out, for any key. Fences are hybrid, as on Redis: one more than
+    /// the last, and never below the clock in microseconds, so nothing is kept per key.
+    last_fence: u64,
+    /// The clock fences are read from: wall time at creation, advanced by `tokio::time`
+    /// (so a paused test clock drives it too).
+    clock_base_us: u64,
+    clock_base: Instant,
+    /// Expired records and markers are swept when the maps reach this size.
+    sweep_at: usize,
 }
+
+impl Default for State {
+    fn default() -> Self {
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2));
+        State {
+            records: HashMap::new(),
+            done: HashMap::new(),
+            last_fence: 0,
+            clock_base_us: wall_us,
+            clock_base: Instant::now(),
+            sweep_at: SWEEP_MIN,
+        }
+    }
+}
+
+/// The smallest map size at which expired entries are swept.
+const SWEEP_MIN: usize = 1024;
 
 #[derive(Debug)]
 struct Record {
@@ -75,6 +102,24 @@ impl State {
         self.records.get_mut(record)
     }
 
+    fn next_fence(&mut self, now: Instant) -> u64 {
+        let elapsed = u64::try_from((now - self.clock_base).as_micros()).unwrap_or(u64::MAX / 4);
+        let clock_us = self.clock_base_us.saturating_add(elapsed);
+        self.last_fence = self.last_fence.saturating_add(1).max(clock_us);
+        self.last_fence
+    }
+
+    /// Drops expired records and markers once the maps have doubled since the last sweep, so
+    /// a million one-shot keys leave nothing behind once they expire (amortised O(1)).
+    fn sweep(&mut self, now: Instant) {
+        if self.records.len() + self.done.len() < self.sweep_at {
+            return;
+        }
+        self.records.retain(|_, r| r.expires_at > now);
+        self.done.retain(|_, until| *until > now);
+        self.sweep_at = (2 * (self.records.len() + self.done.len())).max(SWEEP_MIN);
+    }
+
     fn done_remaining(&mut self, done: &str, now: Instant) -> Option<Duration> {
         match self.done.get(done) {
             Some(&until) if until > now => Some(until - now),
@@ -93,13 +138,13 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// Forgets every lock record, done marker and fence counter, as a Redis server restarted
-    /// without persistence would. Leases held on this store are then reported lost at their
-    /// next renewal. Meant for tests that simulate a store failure.
+    /// Forgets every lock record and done marker, as a Redis server restarted without
+    /// persistence would. Leases held on this store are then reported lost at their next
+    /// renewal. Fences keep increasing, as the hybrid fence does on Redis (its clock part
+    /// survives a restart). Meant for tests that simulate a store failure.
     pub fn clear(&self) {
         let mut state = self.state();
         state.records.clear();
-        state.fences.clear();
         state.done.clear();
     }
 
@@ -130,11 +175,8 @@ impl MemoryStore {
                 pttl: Some(held.expires_at - now),
             };
         }
-        let fence = {
-            let counter = state.fences.entry(names.fence.clone()).or_insert(0);
-            *counter += 1;
-            *counter
-        };
+        state.sweep(now);
+        let fence = state.next_fence(now);
         state.records.insert(
             names.record.clone(),
             Record {
@@ -158,6 +200,10 @@ impl MemoryStore {
         let now = Instant::now();
         let outcome = {
             let mut state = self.state();
+            // As on Redis: the marker records that the work succeeded, ours or not any more.
+            if let Some(retention) = done_retention {
+                state.done.insert(names.done.clone(), now + retention);
+            }
             let Some(record) = state.live(&names.record, now) else {
                 return ReleaseOutcome::NotOwner;
             };
@@ -165,17 +211,13 @@ impl MemoryStore {
                 return ReleaseOutcome::NotOwner;
             }
             let hold_until = record.min_hold_until;
-            let outcome = if hold_until > now {
+            if hold_until > now {
                 record.expires_at = record.expires_at.min(hold_until);
                 ReleaseOutcome::KeptForMinHold
             } else {
                 state.records.remove(&names.record);
                 ReleaseOutcome::Released
-            };
-            if let Some(retention) = done_retention {
-                state.done.insert(names.done.clone(), now + retention);
             }
-            outcome
         };
         if outcome == ReleaseOutcome::Released {
             self.shared.hub.notify(&names.channel);

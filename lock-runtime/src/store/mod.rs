@@ -64,6 +64,27 @@ pub(crate) enum ReleaseOutcome {
     NotOwner,
 }
 
+/// What a renewal found for one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Renewed: the record is ours and lives on.
+    Renewed,
+    /// The record belongs to another token, or is gone.
+    NotOurs,
+    /// The part of the store holding it did not answer (why); retry.
+    Unknown(String),
+}
+
+impl From<bool> for Renewal {
+    fn from(renewed: bool) -> Self {
+        if renewed {
+            Renewal::Renewed
+        } else {
+            Renewal::NotOurs
+        }
+    }
+}
+
 /// One lease to renew.
 #[derive(Debug, Clone)]
 pub(crate) struct ExtendItem {
@@ -121,12 +142,30 @@ impl Backend {
         }
     }
 
-    /// Renews every item; one answer per item, in order (true: renewed, false: not ours).
-    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<bool>, LockError> {
+    /// Writes the done marker of `names` for `retention`, touching no lock record: the release
+    /// script with a token no lease has (tokens are 32 hex digits) writes the marker and
+    /// finds the record "not ours".
+    pub(crate) async fn mark_done(
+        &self,
+        names: &KeyNames,
+        retention: Duration,
+    ) -> Result<(), LockError> {
+        self.release(names, "", Some(retention)).await.map(|_| ())
+    }
+
+    /// Renews every item; one answer per item, in order. `Err` only when no item could be
+    /// answered at all; otherwise a part of the store that failed (one Cluster shard) costs
+    /// only its own items, which answer [`Renewal::Unknown`].
+    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         match self {
             Backend::Redis(r) => r.extend(items).await,
-            Backend::Redlock(r) => r.extend(items).await,
-            Backend::Memory(m) => Ok(m.extend(items)),
+            Backend::Redlock(r) => Ok(r
+                .extend(items)
+                .await?
+                .into_iter()
+                .map(Renewal::from)
+                .collect()),
+            Backend::Memory(m) => Ok(m.extend(items).into_iter().map(Renewal::from).collect()),
         }
     }
 

@@ -9,6 +9,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{Client, IntoConnectionInfo, Script, Value};
 use tokio::sync::OnceCell;
 
+mod replication;
 mod subscriber;
 
 use subscriber::Subscriber;
@@ -16,7 +17,9 @@ pub(crate) use subscriber::SubscriberHandle;
 
 use super::conn::{Conn, slot};
 use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec};
-use super::{AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome};
+use super::{
+    AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
+};
 use crate::config::{millis_ceil, redact_url, url_secret};
 use crate::{BackendError, LockError};
 
@@ -77,6 +80,8 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
+const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+
 struct Scripts {
     acquire: Script,
     release: Script,
@@ -88,7 +93,7 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            acquire: Script::new(include_str!("lua/acquire.lua")),
+            acquire: Script::new(ACQUIRE_LUA),
             release: Script::new(include_str!("lua/release.lua")),
             extend: Script::new(include_str!("lua/extend.lua")),
             inspect: Script::new(include_str!("lua/inspect.lua")),
@@ -305,75 +310,100 @@ impl RedisBackend {
         min_hold: Duration,
         once: bool,
     ) -> Result<AcquireOutcome, LockError> {
+        let args = [
+            token.to_owned(),
+            owner.to_owned(),
+            millis_ceil(ttl).to_string(),
+            millis_ceil(min_hold).to_string(),
+            if once { "1" } else { "0" }.to_owned(),
+            millis_ceil(fence_retention(ttl)).to_string(),
+        ];
+        let keys = [&names.record, &names.fence, &names.done];
+        if let Some((replicas, timeout)) = self.options.replicated {
+            // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(ACQUIRE_LUA).arg(keys.len()).arg(&keys).arg(&args);
+            return self
+                .acquire_replicated(names, token, eval, replicas, timeout)
+                .await;
+        }
+        let mut invocation = self.scripts.acquire.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in &args {
+            invocation.arg(arg);
+        }
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .scripts
-            .acquire
-            .key(&names.record)
-            .key(&names.fence)
-            .key(&names.done)
-            .arg(token)
-            .arg(owner)
-            .arg(millis_ceil(ttl))
-            .arg(millis_ceil(min_hold))
-            .arg(if once { "1" } else { "0" })
+        let reply: Vec<Value> = invocation
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("acquire of `{}` failed", names.key), e))?;
-        let bad = || {
-            LockError::from(BackendError::msg(format!(
-                "acquire of `{}` got an unexpected reply from Redis",
-                names.key
-            )))
-        };
-        match reply.as_slice() {
-            [Value::Int(1), Value::Int(fence)] => {
-                let fence = u64::try_from(*fence).map_err(|_| bad())?;
-                if let Some((replicas, timeout)) = self.options.replicated {
-                    self.confirm_replicated(names, token, replicas, timeout, &mut conn)
-                        .await?;
-                }
-                Ok(AcquireOutcome::Acquired { fence })
-            }
-            [Value::Int(0), Value::Int(pttl)] => Ok(AcquireOutcome::Held { pttl: pttl_of(*pttl) }),
-            [Value::Int(2), Value::Int(pttl)] => Ok(AcquireOutcome::Done { pttl: pttl_of(*pttl) }),
-            [Value::Int(3), kind] => Err(BackendError::msg(format!(
-                "Redis key `{}` holds a value of type `{}`, not a lock record; it was left untouched",
-                names.record,
-                value_text(kind)
-            ))
-            .into()),
-            _ => Err(bad()),
-        }
+        acquire_outcome(names, &reply)
     }
 
-    /// WAITs until `replicas` replicas have the acquire; if they do not confirm in time, gives
-    /// the lock back and fails: a lock that only the master knows is lost on failover.
-    async fn confirm_replicated(
+    /// `replicated_acquire`: the acquire script and a WAIT go out together, pipelined, on a
+    /// connection of their own, and are never retried. WAIT counts the replicas that have this
+    /// connection's last write, so it answers for this acquire only on the connection that
+    /// sent it: on a shared connection a retry after a reconnect (or a Sentinel
+    /// re-resolution) would confirm a write the replicas never saw, and a blocking WAIT would
+    /// hold up every renewal of the runtime. Any error or shortfall means "not confirmed":
+    /// the lock is given back and the acquire fails.
+    async fn acquire_replicated(
         &self,
         names: &KeyNames,
         token: &str,
+        eval: redis::Cmd,
         replicas: usize,
         timeout: Duration,
-        conn: &mut Conn,
-    ) -> Result<(), LockError> {
-        let confirmed: Result<i64, _> = redis::cmd("WAIT")
+    ) -> Result<AcquireOutcome, LockError> {
+        let context = format!("replicated acquire of `{}` failed", names.key);
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval)
+            .cmd("WAIT")
             .arg(replicas)
-            .arg(millis_ceil(timeout))
-            .query_async(conn)
-            .await;
-        let confirmed = match confirmed {
-            Ok(n) => usize::try_from(n).unwrap_or(0),
-            Err(e) => {
-                self.release(names, token, None).await.ok();
-                return Err(self.error(&format!("WAIT after acquiring `{}` failed", names.key), e));
+            .arg(millis_ceil(timeout));
+        // One more try only where nothing can have been written: the connection could not be
+        // opened, or the server refused the script as a read-only replica (a failover the
+        // sentinels have announced since the master was last resolved).
+        let mut tries = 0;
+        let (reply, confirmed) = loop {
+            tries += 1;
+            let (url, mut conn) = match replication::connect(self, timeout).await {
+                Ok(opened) => opened,
+                Err((url, e)) => {
+                    if self.note_master_failure(url.as_deref(), &e) && tries < 2 {
+                        continue;
+                    }
+                    return Err(self.error(&context, e));
+                }
+            };
+            let answered: Result<(Vec<Value>, i64), redis::RedisError> =
+                pipe.query_async(&mut conn).await;
+            match answered {
+                Ok(answer) => break answer,
+                Err(e) => {
+                    let moved = self.note_master_failure(Some(&url), &e);
+                    if moved && e.code() == Some("READONLY") && tries < 2 {
+                        continue;
+                    }
+                    // The script may have run: the caller gives the token back in the
+                    // background.
+                    return Err(self.error(&context, e));
+                }
             }
         };
+        let outcome = acquire_outcome(names, &reply)?;
+        if !matches!(outcome, AcquireOutcome::Acquired { .. }) {
+            return Ok(outcome);
+        }
+        let confirmed = usize::try_from(confirmed).unwrap_or(0);
         if confirmed >= replicas {
-            return Ok(());
+            return Ok(outcome);
         }
         self.release(names, token, None).await.ok();
-        Err(BackendError::msg(format!(
+        // Transient: a waiter keeps waiting through a replica outage.
+        Err(BackendError::transient(format!(
             "lock `{}` was confirmed by {confirmed} of the {replicas} replicas required within \
              {timeout:?}; it was given back (replicated_acquire)",
             names.key
@@ -414,6 +444,7 @@ impl RedisBackend {
         names: &KeyNames,
         token: &str,
         fence: u64,
+        ttl: Duration,
     ) -> Result<bool, LockError> {
         let mut conn = self.conn.clone();
         let reply: i64 = self
@@ -423,20 +454,24 @@ impl RedisBackend {
             .key(&names.fence)
             .arg(token)
             .arg(fence)
+            .arg(millis_ceil(fence_retention(ttl)))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.error(&format!("fence update of `{}` failed", names.key), e))?;
         Ok(reply == 1)
     }
 
-    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<bool>, LockError> {
+    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
         if !self.options.cluster {
-            return self
+            return Ok(self
                 .extend_group(self.conn.clone(), self.scripts.clone(), items)
-                .await;
+                .await?
+                .into_iter()
+                .map(Renewal::from)
+                .collect());
         }
         // A script may only touch keys of one slot: one call per slot, all in flight at once.
         let mut by_slot: std::collections::HashMap<u16, Vec<usize>> =
@@ -444,24 +479,50 @@ impl RedisBackend {
         for (i, item) in items.iter().enumerate() {
             by_slot.entry(slot(&item.record)).or_default().push(i);
         }
+        // Each slot answers for itself: a shard that fails or fails over costs only the leases
+        // in its slots, never the renewals of the healthy shards.
         let mut calls = tokio::task::JoinSet::new();
+        let timeout = self.options.command_timeout;
         for (_, indexes) in by_slot {
             let group: Vec<ExtendItem> = indexes.iter().map(|&i| items[i].clone()).collect();
             let conn = self.conn.clone();
             let scripts = self.scripts.clone();
-            calls.spawn(async move { (indexes, run_extend(conn, scripts, &group).await) });
+            calls.spawn(async move {
+                let answer = tokio::time::timeout(timeout, run_extend(conn, scripts, &group)).await;
+                (indexes, answer)
+            });
         }
-        let mut renewed = vec![false; items.len()];
+        let mut renewed = vec![Renewal::Unknown("no answer".to_owned()); items.len()];
+        let mut first_error = None;
+        let mut answered = 0;
         while let Some(joined) = calls.join_next().await {
-            let (indexes, result) = joined.map_err(|e| {
-                LockError::from(BackendError::msg(format!("lease renewal task failed: {e}")))
-            })?;
-            let answers = result.map_err(|e| self.error("lease renewal failed", e))?;
-            for (i, ok) in indexes.into_iter().zip(answers) {
-                renewed[i] = ok;
+            let Ok((indexes, answer)) = joined else {
+                continue; // a panicked task: its items stay unknown
+            };
+            let failure = match answer {
+                Ok(Ok(answers)) => {
+                    answered += 1;
+                    for (&i, ok) in indexes.iter().zip(answers) {
+                        renewed[i] = Renewal::from(ok);
+                    }
+                    continue;
+                }
+                Ok(Err(e)) => self.error("lease renewal failed", e),
+                Err(_) => BackendError::transient(format!(
+                    "lease renewal failed: no answer within {timeout:?}"
+                ))
+                .into(),
+            };
+            let why = failure.to_string();
+            for &i in &indexes {
+                renewed[i] = Renewal::Unknown(why.clone());
             }
+            first_error.get_or_insert(failure);
         }
-        Ok(renewed)
+        match first_error {
+            Some(e) if answered == 0 => Err(e),
+            _ => Ok(renewed),
+        }
     }
 
     async fn extend_group(
@@ -534,6 +595,51 @@ async fn run_extend(
         )));
     }
     Ok(reply.into_iter().map(|r| r == 1).collect())
+}
+
+/// How long a fence counter outlives its last acquire: a day, or the ttl if longer. After
+/// that the server clock alone keeps fences increasing (DESIGN.md §5, hybrid fences).
+pub(crate) fn fence_retention(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(24 * 3600))
+}
+
+impl RedisBackend {
+    /// With Sentinel: forgets the master `url` when `e` says it is gone or demoted, so the
+    /// next command asks the sentinels again. True when it did.
+    fn note_master_failure(&self, url: Option<&str>, e: &redis::RedisError) -> bool {
+        match (&self.sentinel, url) {
+            (Some(sentinel), Some(url)) => sentinel.note_failure(url, e),
+            _ => false,
+        }
+    }
+}
+
+/// Reads the acquire script's reply.
+fn acquire_outcome(names: &KeyNames, reply: &[Value]) -> Result<AcquireOutcome, LockError> {
+    let bad = || {
+        LockError::from(BackendError::msg(format!(
+            "acquire of `{}` got an unexpected reply from Redis",
+            names.key
+        )))
+    };
+    match reply {
+        [Value::Int(1), Value::Int(fence)] => Ok(AcquireOutcome::Acquired {
+            fence: u64::try_from(*fence).map_err(|_| bad())?,
+        }),
+        [Value::Int(0), Value::Int(pttl)] => Ok(AcquireOutcome::Held {
+            pttl: pttl_of(*pttl),
+        }),
+        [Value::Int(2), Value::Int(pttl)] => Ok(AcquireOutcome::Done {
+            pttl: pttl_of(*pttl),
+        }),
+        [Value::Int(3), kind] => Err(BackendError::msg(format!(
+            "Redis key `{}` holds a value of type `{}`, not a lock record; it was left untouched",
+            names.record,
+            value_text(kind)
+        ))
+        .into()),
+        _ => Err(bad()),
+    }
 }
 
 fn pttl_of(pttl: i64) -> Option<Duration> {

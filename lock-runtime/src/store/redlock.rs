@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::redis::SubscriberHandle;
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, RedisBackend, RedisOptions, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch,
+    ReleaseOutcome, ReleaseWatch, Renewal,
 };
 use crate::config::{drift, jitter};
 use crate::{BackendError, LockError};
@@ -191,7 +191,7 @@ impl RedlockBackend {
                 self.fan_out(move |node| {
                     let names = names.clone();
                     let token = token.clone();
-                    async move { node.raise_fence(&names, &token, fence).await }
+                    async move { node.raise_fence(&names, &token, fence, ttl).await }
                 })
                 .await
             };
@@ -204,8 +204,10 @@ impl RedlockBackend {
             }
             tracing::debug!(key = %names.key, stamped, "redlock fence could not be set on a quorum; giving the lock back");
         }
-        // Not ours: give back what we got on any node before reporting.
-        if !fences.is_empty() {
+        // Not ours: give back what we got, on every node that granted it or did not answer in
+        // time (a late answer may be a grant). The release follows the acquire on each node's
+        // connection, so it lands after it; it is token-checked, so it touches nothing else.
+        if !fences.is_empty() || !errors.is_empty() {
             self.release(names, token, None).await.ok();
         }
         let n = self.nodes.len();
@@ -215,7 +217,8 @@ impl RedlockBackend {
             });
         }
         if errors.len() > n - self.quorum {
-            return Err(BackendError::msg(format!(
+            // Transient: waiters ride out an outage of a majority, as of a single server.
+            return Err(BackendError::transient(format!(
                 "redlock: only {} of {n} masters answered for `{}`, a quorum is {} ({} granted, {} held); failures: {}",
                 n - errors.len(),
                 names.key,
@@ -296,7 +299,7 @@ impl RedlockBackend {
             match answer {
                 Ok(renewed) => {
                     for (vote, ok) in votes.iter_mut().zip(renewed) {
-                        *vote += usize::from(ok);
+                        *vote += usize::from(ok == Renewal::Renewed);
                     }
                 }
                 Err(e) => errors.push(e),

@@ -137,9 +137,14 @@ impl SentinelConn {
         Ok((url, manager))
     }
 
+    /// The URL of the master the sentinels name now (cached until a failure invalidates it).
+    pub(crate) async fn current_master_url(&self) -> Result<String, RedisError> {
+        self.master().await.map(|(url, _)| url)
+    }
+
     /// True when the error means "this is not (or no longer) a working master": the next
     /// command must ask the sentinels again.
-    fn note_failure(&self, addr: &str, e: &RedisError) -> bool {
+    pub(crate) fn note_failure(&self, addr: &str, e: &RedisError) -> bool {
         let readonly = e.code() == Some("READONLY");
         let moved_on = readonly
             || e.is_io_error()

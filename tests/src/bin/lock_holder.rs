@@ -1,6 +1,7 @@
 //! A holder process for fault tests: takes a lock in Redis, says so on stdout, then keeps it
-//! (watchdog renewing) until killed, or for at most two minutes. On SIGTERM or Ctrl-C it shuts
-//! its runtime down gracefully (releasing what it holds) and exits 0.
+//! (watchdog renewing) until killed, or for at most two minutes. On SIGTERM or Ctrl-C its job
+//! stops (the guard is released) while the runtime shuts down gracefully, which returns as soon
+//! as nothing is held any more; then it exits 0.
 //!
 //! Usage: lock_holder REDIS_URL KEY TTL_MS
 
@@ -21,18 +22,23 @@ async fn main() -> anyhow::Result<()> {
     println!("acquired {}", guard.lease().fence());
     std::io::stdout().flush()?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = guard.lease().lost() => println!("lost"),
-        _ = terminate.recv() => {
-            runtime.shutdown().await;
-            println!("shut down");
+    let lease = guard.lease().clone();
+    let stop = tokio::select! {
+        _ = lease.lost() => {
+            println!("lost");
+            false
         }
-        _ = tokio::signal::ctrl_c() => {
-            runtime.shutdown().await;
-            println!("shut down");
-        }
-        _ = tokio::time::sleep(Duration::from_secs(120)) => {}
+        _ = terminate.recv() => true,
+        _ = tokio::signal::ctrl_c() => true,
+        _ = tokio::time::sleep(Duration::from_secs(120)) => false,
+    };
+    if stop {
+        // The job ends as the shutdown begins; the shutdown waits for its release.
+        let (released, ()) = tokio::join!(guard.release(), runtime.shutdown());
+        released?;
+        println!("shut down");
+    } else {
+        drop(guard);
     }
-    drop(guard);
     Ok(())
 }

@@ -105,7 +105,7 @@ fn main() {
                 assert_eq!(wait_alias().await.expect("ran"), 1);
                 assert_eq!(wait_forever().await.expect("ran"), 2);
                 assert_eq!(error_policy().await.expect("ran"), "three");
-                assert_eq!(option_return().await, Some(1));
+                assert!(option_return().await.is_some_and(|fence| fence > 0));
                 assert_eq!(once_per_day("monday").await.expect("ran"), Some(6));
                 assert_eq!(once_per_day("monday").await.expect("skipped"), None);
                 assert_eq!(generic(&5).await.expect("ran"), "5");

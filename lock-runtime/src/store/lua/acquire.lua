@@ -2,6 +2,7 @@
 -- KEYS[1] record hash   KEYS[2] fence counter   KEYS[3] done marker
 -- ARGV[1] token   ARGV[2] owner   ARGV[3] ttl ms   ARGV[4] min_hold ms
 -- ARGV[5] '1' when the request uses `once` (only then is the done marker consulted)
+-- ARGV[6] how long the fence counter is kept, ms (at least the ttl)
 -- Returns {1, fence} acquired | {0, pttl} held | {2, pttl} done marker present
 --       | {3, type} a foreign value sits at the record key
 if ARGV[5] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
@@ -22,9 +23,18 @@ if pttl ~= -2 then
   end
   return {0, pttl}
 end
-local fence = redis.call('INCR', KEYS[2])
+-- The hybrid fence: one more than the last fence, and never below the server clock in
+-- microseconds. A counter that expired, or an INCR lost in a failover, cannot make a fence
+-- repeat as long as server clocks are closer together than a failover takes. Integers stay
+-- below 2^53, exact in Lua's doubles; '%d' writes them without an exponent.
 local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+if fence < now_us then
+  fence = now_us
+end
+redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])
 local hold = tonumber(ARGV[4])
 -- min_hold_until_ms 0 means "no min_hold", so release can skip reading the clock.
 local hold_until = 0
@@ -34,7 +44,7 @@ end
 redis.call('HSET', KEYS[1],
   'token', ARGV[1],
   'owner', ARGV[2],
-  'fence', fence,
+  'fence', string.format('%d', fence),
   'acquired_at_ms', now_ms,
   'min_hold_until_ms', hold_until)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -3,13 +3,15 @@
 -- ARGV[1] token   ARGV[2] release channel   ARGV[3] done retention ms (0: write no marker)
 -- ARGV[4] '1' on a Redis Cluster: publish on the sharded channel of the lock's slot
 -- Returns 1 released | 2 kept until min_hold passes | 0 not ours (expired or taken over)
+-- The done marker is written whether or not the lock is still ours: it records that the work
+-- succeeded, and a lease that lapsed while the work ran must not make the work run again.
+if ARGV[3] ~= '0' then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+end
 -- pcall: a foreign value at the key is simply "not ours".
 local r = redis.pcall('HMGET', KEYS[1], 'token', 'min_hold_until_ms')
 if type(r) ~= 'table' or r[1] ~= ARGV[1] then
   return 0
-end
-if ARGV[3] ~= '0' then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 end
 local hold_until = tonumber(r[2]) or 0
 if hold_until > 0 then

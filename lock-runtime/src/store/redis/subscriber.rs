@@ -1,6 +1,7 @@
 //! The subscriber side of a Redis store: one RESP3 connection per runtime whose pushes wake
 //! waiters, owned by a task that performs every (un)subscription in order.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -103,6 +104,11 @@ impl RedisBackend {
         let (commands, mut command_rx) = mpsc::unbounded_channel::<SubscriberCommand>();
         let hub = Arc::downgrade(&self.hub);
         tokio::spawn(async move {
+            // Channels watched when the connection dropped and not yet subscribed again. A
+            // release published while a channel was unsubscribed went unheard, so its waiters
+            // are woken once the (automatic) re-subscription is confirmed, not only at the
+            // disconnection.
+            let mut unconfirmed: HashSet<String> = HashSet::new();
             loop {
                 tokio::select! {
                     push = push_rx.recv() => {
@@ -114,9 +120,18 @@ impl RedisBackend {
                                     hub.notify(&value_text(channel));
                                 }
                             }
+                            PushKind::Subscribe | PushKind::SSubscribe if !unconfirmed.is_empty() => {
+                                if let Some(channel) = push.data.first() {
+                                    let channel = value_text(channel);
+                                    if unconfirmed.remove(&channel) {
+                                        hub.notify(&channel);
+                                    }
+                                }
+                            }
                             // Releases published while we were disconnected are lost: let every
                             // waiter retry now instead of sleeping out the lease's ttl.
                             PushKind::Disconnection => {
+                                unconfirmed.extend(hub.channels());
                                 hub.notify_all();
                                 if let Some((sentinel, options, push_tx)) = &follow
                                     && let Some(moved) = resubscribe_at_master(sentinel, options, push_tx, &hub).await

@@ -1,0 +1,1010 @@
+//! The safety findings of the line-by-line review (issue 10), one test (or more) per finding.
+//! Each test failed on the code before its fix; the doc comment says what it showed then.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
+use lock_tests::{FaultProxy, RedisServer, TestStore};
+use tokio::time::Instant;
+
+async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
+    LockRuntime::builder()
+        .redis(url)
+        .command_timeout(command_timeout)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("build")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 3: a waiter whose runtime shuts down gets `LockError::Shutdown`, never a guard.
+// Before: the waiter kept waiting through the shutdown and, once the holder released, was
+// handed a guard whose lease was never renewed nor reported lost.
+
+async fn waiter_ends_with_shutdown(store: &TestStore) {
+    let holder = store.runtime().await;
+    let waiting = store.runtime().await;
+    let guard = holder
+        .lock("shutdown-wait")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move { waiting.lock("shutdown-wait").acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting.shutdown().await;
+    let ended = tokio::time::timeout(Duration::from_secs(3), waiter).await;
+    // Let a still-waiting waiter (the old behaviour) win the lock, to show what it got.
+    assert!(guard.release().await.expect("release"));
+    let result = match ended {
+        Ok(joined) => joined.expect("waiter task"),
+        Err(_) => panic!("the waiter did not end when its runtime shut down"),
+    };
+    assert!(
+        matches!(result, Err(LockError::Shutdown)),
+        "expected Shutdown, got {result:?}"
+    );
+    // Nothing was left behind: the lock is free for others at once.
+    let again = holder
+        .lock("shutdown-wait")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free after the shut-down waiter ended");
+    again.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f03_waiter_ends_with_shutdown_memory() {
+    waiter_ends_with_shutdown(&TestStore::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f03_waiter_ends_with_shutdown_redis() {
+    waiter_ends_with_shutdown(&TestStore::redis()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 5: with on_lost = "abort", the body is not polled again once the lease is lost.
+// Before: `select!` polled the body first, so a body woken by the same loss ran on and
+// completed its write after the lease was gone.
+
+#[distributed_lock(
+    key = "abort-order",
+    ttl = "600ms",
+    watchdog = false,
+    on_lost = "abort"
+)]
+async fn writes_after_loss(wrote: Arc<AtomicBool>) -> Result<(), LockError> {
+    if let Some(lease) = current_lease() {
+        lease.lost().await;
+    }
+    wrote.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f05_abort_checks_the_loss_before_polling_the_body() {
+    let runtime = TestStore::memory().runtime().await;
+    let wrote = Arc::new(AtomicBool::new(false));
+    let result = runtime.scope(writes_after_loss(wrote.clone())).await;
+    assert!(
+        matches!(result, Err(LockError::Lost { .. })),
+        "expected Lost, got {result:?}"
+    );
+    assert!(
+        !wrote.load(Ordering::SeqCst),
+        "the body ran on after its lease was lost"
+    );
+}
+
+#[distributed_lock(key = "born-lost", ttl = "300ms", on_lost = "abort")]
+async fn never_starts(started: Arc<AtomicBool>) -> Result<(), LockError> {
+    started.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A lease already lost when it is granted (the acquire's round trip took longer than the
+/// ttl) never starts the body: the grant is given back and the call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f05_a_lease_lost_at_grant_never_starts_the_body() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = runtime_via(proxy.url(), Duration::from_secs(5)).await;
+    proxy.set_latency(Duration::from_millis(200));
+    let started = Arc::new(AtomicBool::new(false));
+    let result = runtime.scope(never_starts(started.clone())).await;
+    assert!(result.is_err(), "expected an error, got {result:?}");
+    assert!(
+        !started.load(Ordering::SeqCst),
+        "the body started on a lost lease"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 6: an acquire that errors after the server granted it gives the lock back.
+// Before: the grant stayed, held by nobody, for its whole ttl (30 s here).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f06_acquire_error_after_grant_releases_in_the_background() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = runtime_via(proxy.url(), Duration::from_millis(300)).await;
+    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::from_millis(400));
+    let failed = late
+        .lock("late-reply")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    assert!(
+        failed.is_err(),
+        "the reply came after the command timeout: {failed:?}"
+    );
+    proxy.set_latency(Duration::ZERO);
+    let taken = other
+        .lock("late-reply")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the orphaned grant was given back, not left for its 30 s ttl");
+    taken.release().await.expect("release");
+}
+
+/// The same inside the wait loop, whose transient errors are retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f06_wait_loop_leaves_no_orphan() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = runtime_via(proxy.url(), Duration::from_millis(300)).await;
+    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::from_millis(400));
+    let waited = late
+        .lock("late-wait")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_millis(1500))
+        .await;
+    assert!(waited.is_err(), "every reply came late: {waited:?}");
+    proxy.set_latency(Duration::ZERO);
+    let taken = other
+        .lock("late-wait")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("no grant of the wait loop was left behind");
+    taken.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 7: a Redlock acquire that fails its quorum releases on every node, including nodes
+// that answered too late. Before: with no grant counted in time nothing was released, and the
+// late grants blocked every quorum for the whole ttl.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f07_redlock_failed_quorum_releases_late_grants() {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<FaultProxy> = servers
+        .iter()
+        .map(|s| FaultProxy::start(s.port()))
+        .collect();
+    let late = LockRuntime::builder()
+        .redlock(proxies.iter().map(FaultProxy::url))
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("build");
+    let other = LockRuntime::builder()
+        .redlock(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .expect("build");
+    // Three nodes answer after the node timeout (their grants count for nothing), two refuse.
+    for p in &proxies[..3] {
+        p.set_latency(Duration::from_millis(350));
+    }
+    for p in &proxies[3..] {
+        p.refuse(true);
+        p.drop_connections();
+    }
+    let failed = late
+        .lock("late-quorum")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    assert!(!matches!(failed, Ok(Some(_))), "no quorum: {failed:?}");
+    // The late grants are still travelling back; give the release time to follow them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for p in &proxies {
+        p.set_latency(Duration::ZERO);
+        p.refuse(false);
+    }
+    let taken = other
+        .lock("late-quorum")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the late grants were released, not left for their 30 s ttl");
+    taken.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 9: the first renewal is due a third of the ttl after the acquire was *sent*.
+// Before: it was timed from registration, so an acquire that took 2/3 of the ttl was declared
+// lost without a single renewal attempt.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f09_first_renewal_is_timed_from_the_send() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = runtime_via(proxy.url(), Duration::from_secs(5)).await;
+    let ttl = Duration::from_secs(3);
+    proxy.set_latency(Duration::from_millis(1100));
+    let sent = Instant::now();
+    let guard = runtime
+        .lock("slow-grant")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    proxy.set_latency(Duration::ZERO);
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(2000) && took < ttl,
+        "the grant took two thirds of the ttl: {took:?}"
+    );
+    assert!(!guard.lease().is_lost(), "valid when granted");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !guard.lease().is_lost(),
+        "renewed in time although the grant was slow"
+    );
+    assert!(guard.release().await.expect("release"), "still ours");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 12: once lost, always lost; a released lease is not held.
+// Before: a lease past its validity read as lost, then as valid again after a late extend.
+
+#[tokio::test(start_paused = true)]
+async fn f12_is_lost_is_monotonic() {
+    let runtime = LockRuntime::builder()
+        .memory(MemoryStore::new())
+        .build()
+        .await
+        .expect("build");
+    let ttl = Duration::from_secs(10);
+    let guard = runtime
+        .lock("monotonic")
+        .ttl(ttl)
+        .watchdog(false)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(guard.lease().is_held());
+    // Past the validity (ttl minus drift) but before the store's record expires.
+    tokio::time::advance(ttl - Duration::from_millis(50)).await;
+    assert!(guard.lease().is_lost(), "past its validity");
+    let extended = guard.extend(ttl).await.expect("extend");
+    assert!(!extended, "a lost lease is not extended back to life");
+    assert!(guard.lease().is_lost(), "once lost, always lost");
+    assert!(!guard.lease().is_held());
+
+    let released = runtime
+        .lock("released")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let lease = released.lease().clone();
+    assert!(released.release().await.expect("release"));
+    assert!(!lease.is_held(), "a released lease is not held");
+    assert!(!lease.is_lost(), "released in time: not lost");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 13a: `acquire_timeout` returns by its deadline even when a store call hangs.
+// Before: a call in flight at the deadline ran to its own command timeout (5 s here).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f13_wait_timeout_bounds_store_calls() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = runtime_via(proxy.url(), Duration::from_secs(5)).await;
+    proxy.stall();
+    let started = Instant::now();
+    let result = runtime
+        .lock("hung")
+        .acquire_timeout(Duration::from_millis(500))
+        .await;
+    let took = started.elapsed();
+    proxy.resume();
+    assert!(
+        matches!(result, Err(LockError::WaitTimeout { .. })),
+        "expected WaitTimeout, got {result:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "wait_timeout 500 ms took {took:?}"
+    );
+}
+
+// Finding 13b: a Redlock waiter rides out a majority of masters being down.
+// Before: "majority unreachable" was not transient, so the waiter failed at once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f13_redlock_waiter_rides_out_a_majority_outage() {
+    let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let runtime = LockRuntime::builder()
+        .redlock(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .expect("build");
+    for s in &mut servers[..3] {
+        s.kill();
+    }
+    let waiter = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            runtime
+                .lock("majority-down")
+                .acquire_timeout(Duration::from_secs(15))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter keeps waiting through the outage"
+    );
+    for s in &mut servers[..3] {
+        s.restart();
+    }
+    let guard = waiter
+        .await
+        .expect("task")
+        .expect("acquired once the masters were back");
+    guard.release().await.expect("release");
+}
+
+// Finding 13d: max_hold is a hard cap: the lease ends by max_hold, not up to a ttl later.
+// Before: the last renewal extended the lease by a full ttl past max_hold.
+
+#[tokio::test(start_paused = true)]
+async fn f13_max_hold_is_not_exceeded() {
+    let store = MemoryStore::new();
+    let a = LockRuntime::builder()
+        .memory(store.clone())
+        .build()
+        .await
+        .expect("build");
+    let b = LockRuntime::builder()
+        .memory(store)
+        .build()
+        .await
+        .expect("build");
+    let start = Instant::now();
+    let guard = a
+        .lock("capped-hard")
+        .ttl(Duration::from_secs(30))
+        .max_hold(Duration::from_secs(40))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    guard.lease().lost().await;
+    let held = start.elapsed();
+    assert!(
+        held <= Duration::from_secs(40),
+        "the lease outlived max_hold 40 s: {held:?}"
+    );
+    // The store agrees: free by max_hold too.
+    tokio::time::sleep_until(start + Duration::from_secs(40)).await;
+    assert!(
+        b.lock("capped-hard")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_some(),
+        "the record outlived max_hold"
+    );
+    drop(guard);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 14: hybrid fences (never repeat after the counter is lost) and nothing kept forever.
+// Before: a lost counter restarted fences at 1, and every key left a `:fence` key without an
+// expiry.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_survives_a_lost_counter_redis() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let first = runtime
+        .lock("counter-lost")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = first.lease().fence();
+    first.release().await.expect("release");
+    // A failover that lost the last INCR, or a counter that expired: the counter is gone.
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("DEL")
+        .arg("lock:{counter-lost}:fence")
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let second = runtime
+        .lock("counter-lost")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        second.lease().fence() > fence,
+        "fence {} after the counter was lost, {fence} before",
+        second.lease().fence()
+    );
+    second.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_every_key_left_behind_expires_redis() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    for i in 0..200 {
+        let guard = runtime
+            .lock(format!("one-shot-{i}"))
+            .once(Duration::from_secs(60))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        if i % 2 == 0 {
+            guard.complete().await.expect("complete");
+        } else {
+            guard.release().await.expect("release");
+        }
+    }
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(
+        !keys.is_empty(),
+        "the fence counters and done markers are there"
+    );
+    let mut forever = Vec::new();
+    for key in &keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        if pttl < 0 {
+            forever.push(key.clone());
+        }
+    }
+    assert!(
+        forever.is_empty(),
+        "{} of {} keys have no expiry, e.g. {:?}",
+        forever.len(),
+        keys.len(),
+        forever.first()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn f14_fence_survives_a_cleared_memory_store() {
+    let store = MemoryStore::new();
+    let runtime = LockRuntime::builder()
+        .memory(store.clone())
+        .build()
+        .await
+        .expect("build");
+    let first = runtime
+        .lock("cleared")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = first.lease().fence();
+    first.release().await.expect("release");
+    store.clear();
+    let second = runtime
+        .lock("cleared")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        second.lease().fence() > fence,
+        "fence {} after the store lost its counters, {fence} before",
+        second.lease().fence()
+    );
+    second.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 4: shutdown is graceful. Held leases keep being renewed for the grace period, each is
+// released as its guard goes; what outlives the grace period is marked lost *before* it is
+// released. Before: shutdown marked every lease lost and released it at once, while its holder
+// was still running.
+
+async fn runtime_with_grace(store: &TestStore, grace: Duration) -> LockRuntime {
+    let builder = LockRuntime::builder().shutdown_grace(grace);
+    let builder = match store {
+        TestStore::Memory(memory) => builder.memory(memory.clone()),
+        TestStore::Redis(server) => builder.redis(server.url()),
+        other => panic!("no grace-period runtime for {other:?}"),
+    };
+    builder.build().await.expect("build")
+}
+
+async fn shutdown_lets_a_job_finish_with_its_lock(store: &TestStore) {
+    let a = runtime_with_grace(store, Duration::from_secs(10)).await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("graceful")
+        .ttl(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let shutting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.shutdown().await })
+    };
+    // Longer than the ttl: the lease lives on renewals alone.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        matches!(
+            a.lock("other").try_acquire().await,
+            Err(LockError::Shutdown)
+        ),
+        "new acquires are refused at once"
+    );
+    assert!(
+        guard.lease().is_held(),
+        "the running job keeps its lease during the grace period"
+    );
+    assert!(
+        b.lock("graceful")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none(),
+        "and its exclusivity"
+    );
+    assert!(!shutting.is_finished(), "shutdown waits for the job");
+    assert!(
+        guard.release().await.expect("release"),
+        "still ours at the end"
+    );
+    tokio::time::timeout(Duration::from_secs(3), shutting)
+        .await
+        .expect("shutdown returns once the last lease is released")
+        .expect("task");
+    let next = b
+        .lock("graceful")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free after the job released it");
+    next.release().await.expect("release");
+}
+
+async fn shutdown_tells_a_job_before_releasing_at_the_end_of_grace(store: &TestStore) {
+    let a = runtime_with_grace(store, Duration::from_millis(800)).await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("overrun")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let started = Instant::now();
+    let shutting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.shutdown().await })
+    };
+    // Poll from another instance until the lock is free; when it is, the holder must already
+    // know that its lease is lost.
+    let taken = loop {
+        if let Some(taken) = b.lock("overrun").try_acquire().await.expect("try") {
+            break taken;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the lock was not released after the grace period (ttl 30 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        guard.lease().is_lost(),
+        "the holder was told before its lock was released"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "released only at the end of the grace period, after {:?}",
+        started.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(3), shutting)
+        .await
+        .expect("shutdown returns")
+        .expect("task");
+    assert!(
+        !guard.release().await.expect("release"),
+        "the runtime released it already"
+    );
+    taken.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_shutdown_lets_a_job_finish_memory() {
+    shutdown_lets_a_job_finish_with_its_lock(&TestStore::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_shutdown_lets_a_job_finish_redis() {
+    shutdown_lets_a_job_finish_with_its_lock(&TestStore::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_shutdown_grace_end_tells_before_release_memory() {
+    shutdown_tells_a_job_before_releasing_at_the_end_of_grace(&TestStore::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_shutdown_grace_end_tells_before_release_redis() {
+    shutdown_tells_a_job_before_releasing_at_the_end_of_grace(&TestStore::redis()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Findings 1 and 2: `replicated_acquire` runs its script and WAIT on a connection of their own,
+// pipelined and never retried.
+
+/// A master and one replica in sync.
+async fn master_with_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let mut conn = master
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the master");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO");
+        if info.contains("state=online") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not sync: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (master, replica)
+}
+
+fn send_signal(server: &RedisServer, signal: &str) {
+    let pid = server.pid().expect("a running server");
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Finding 1. Before: with the replica paused (it acknowledges nothing), a connection dropped
+/// during the WAIT made the runtime retry the WAIT on a fresh connection, where it counts the
+/// replica at once (that connection had written nothing), and the acquire was confirmed
+/// although no replica had the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f01_replicated_acquire_never_confirms_through_a_retry() {
+    let (master, replica) = master_with_replica().await;
+    let proxy = FaultProxy::start(master.port());
+    let runtime = LockRuntime::builder()
+        .redis(proxy.url())
+        .replicated_acquire(1, Duration::from_secs(3))
+        .build()
+        .await
+        .expect("build");
+    send_signal(&replica, "-STOP");
+    let acquiring = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.lock("unreplicated").try_acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    proxy.drop_connections();
+    let result = acquiring.await.expect("task");
+    send_signal(&replica, "-CONT");
+    assert!(
+        result.is_err(),
+        "an acquire no replica acknowledged was confirmed: {:?}",
+        result
+            .as_ref()
+            .map(|g| g.as_ref().map(|g| g.lease().fence()))
+    );
+    // And it was given back: free for others without waiting out the ttl.
+    let direct = runtime_via(master.url(), Duration::from_secs(2)).await;
+    let taken = direct
+        .lock("unreplicated")
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("the unconfirmed grant was given back");
+    taken.release().await.expect("release");
+}
+
+/// Finding 2. Before: WAIT blocked the runtime's shared connection, so with the replica down
+/// every renewal queued behind it and 20 of 20 healthy leases were declared lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f02_waits_do_not_starve_renewals() {
+    let (master, mut replica) = master_with_replica().await;
+    let runtime = LockRuntime::builder()
+        .redis(master.url())
+        .replicated_acquire(1, Duration::from_secs(1))
+        .build()
+        .await
+        .expect("build");
+    let mut held = Vec::new();
+    for i in 0..20 {
+        held.push(
+            runtime
+                .lock(format!("healthy-{i}"))
+                .ttl(Duration::from_millis(900))
+                .try_acquire()
+                .await
+                .expect("acquire while the replica is up")
+                .expect("free"),
+        );
+    }
+    replica.kill();
+    let started = Instant::now();
+    let mut contenders = Vec::new();
+    for t in 0..3 {
+        let runtime = runtime.clone();
+        contenders.push(tokio::spawn(async move {
+            let mut failures = 0;
+            while started.elapsed() < Duration::from_secs(3) {
+                if runtime
+                    .lock(format!("unconfirmable-{t}"))
+                    .try_acquire()
+                    .await
+                    .is_err()
+                {
+                    failures += 1;
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = 0;
+    for c in contenders {
+        failures += c.await.expect("task");
+    }
+    assert!(failures >= 3, "acquires without a replica fail: {failures}");
+    let lost = held.iter().filter(|g| g.lease().is_lost()).count();
+    assert_eq!(lost, 0, "{lost} of 20 healthy leases were lost");
+    for guard in held {
+        assert!(guard.release().await.expect("release"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 11: a body that succeeded leaves its `once` marker, even when its lease lapsed while
+// it ran, and a re-entrant call with `once` leaves its own. Before: no marker was written in
+// either case, and the job silently ran again at the next call.
+
+#[distributed_lock(
+    key = "once-lapsed",
+    ttl = "1s",
+    watchdog = false,
+    on_lost = "continue",
+    once = "1h"
+)]
+async fn slow_once(runs: Arc<std::sync::atomic::AtomicU64>) -> Option<()> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Some(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn f11_once_marker_survives_a_lapsed_lease() {
+    let runtime = TestStore::memory().runtime().await;
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    assert_eq!(runtime.scope(slow_once(runs.clone())).await, Some(()));
+    assert_eq!(
+        runtime.scope(slow_once(runs.clone())).await,
+        None,
+        "skipped"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
+}
+
+#[distributed_lock(key = "nested-once", once = "1h")]
+async fn inner_once(runs: Arc<std::sync::atomic::AtomicU64>) -> Option<()> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Some(())
+}
+
+#[distributed_lock(key = "nested-once")]
+async fn outer_plain(runs: Arc<std::sync::atomic::AtomicU64>) -> Option<()> {
+    inner_once(runs).await
+}
+
+async fn reentrant_once_leaves_its_marker(store: &TestStore) {
+    let runtime = store.runtime().await;
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    assert_eq!(runtime.scope(outer_plain(runs.clone())).await, Some(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        runtime.scope(inner_once(runs.clone())).await,
+        None,
+        "the nested call's success left its marker"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f11_reentrant_once_leaves_its_marker_memory() {
+    reentrant_once_leaves_its_marker(&TestStore::memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f11_reentrant_once_leaves_its_marker_redis() {
+    reentrant_once_leaves_its_marker(&TestStore::redis()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 13c: a task that holds a lock through `lock()` and then waits for it again is told
+// so at once, never left waiting for itself. Before: both the annotated `wait` call and a
+// second `acquire` waited forever (here: until the 3 s test timeout).
+
+#[distributed_lock(key = "held-by-guard", on_contention = "wait")]
+async fn waits_for_held_key() -> Result<u64, LockError> {
+    Ok(current_lease().map_or(0, |l| l.fence()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f13_waiting_for_a_lock_this_task_holds_never_deadlocks() {
+    let runtime = TestStore::memory().runtime().await;
+    let guard = runtime
+        .lock("held-by-guard")
+        .acquire()
+        .await
+        .expect("acquire");
+    let nested = tokio::time::timeout(Duration::from_secs(3), runtime.scope(waits_for_held_key()))
+        .await
+        .expect("the annotated call did not wait for its own task's lock");
+    assert!(
+        matches!(nested, Err(LockError::WouldDeadlock { .. })),
+        "expected WouldDeadlock, got {nested:?}"
+    );
+    let again = tokio::time::timeout(
+        Duration::from_secs(3),
+        runtime.lock("held-by-guard").acquire(),
+    )
+    .await
+    .expect("a second acquire in the same task does not hang");
+    assert!(
+        matches!(again, Err(LockError::WouldDeadlock { .. })),
+        "expected WouldDeadlock, got {again:?}"
+    );
+    // Another task still waits normally, and gets the lock once it is released.
+    let other = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            runtime
+                .lock("held-by-guard")
+                .acquire_timeout(Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!other.is_finished(), "another task waits");
+    guard.release().await.expect("release");
+    other
+        .await
+        .expect("task")
+        .expect("acquired after the release")
+        .release()
+        .await
+        .expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 10: waiters are woken when their channel's subscription is confirmed again after a
+// reconnect. Before: a release published between the disconnection's wake-up and the
+// re-subscription was missed, and the waiter slept until the holder's ttl ran out (30 s).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f10_waiters_wake_after_the_subscriber_resubscribes() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let waiting = LockRuntime::builder()
+        .redis(proxy.url())
+        .connect_timeout(Duration::from_secs(10))
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("build");
+    let holder = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let guard = holder
+        .lock("resubscribed")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            waiting
+                .lock("resubscribed")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Only the subscriber connection drops, and its reconnect is slow (1 s each way); the
+    // command connection stays up, so the waiter's wake-up attempt finds the lock held.
+    proxy.set_new_connection_latency(Duration::from_secs(1));
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1, "the waiter's subscriber connection");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    assert!(
+        guard.release().await.expect("release"),
+        "published while unsubscribed"
+    );
+    let taken = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got the lock without waiting out the 30 s ttl");
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "woken {took:?} after the release"
+    );
+    proxy.set_new_connection_latency(Duration::ZERO);
+    taken.release().await.expect("release");
+}
