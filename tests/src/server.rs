@@ -129,8 +129,14 @@ impl RedisServer {
                 self.child = None;
                 return false;
             }
+            // The port answering is not enough: another test's server may have taken the same
+            // "free" port a moment earlier, and ours then fails to bind and exits. Ours says
+            // so in its own log once it listens.
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                if log.contains("Ready to accept connections") || log.contains("Sentinel ID is") {
+                    return true;
+                }
             }
             std::thread::sleep(Duration::from_millis(10));
         }

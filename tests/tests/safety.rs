@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
-use lock_tests::{FaultProxy, RedisServer, TestStore};
+use lock_tests::{FaultProxy, RedisCluster, RedisServer, TestStore};
 use tokio::time::Instant;
 
 async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
@@ -1007,4 +1007,87 @@ async fn f10_waiters_wake_after_the_subscriber_resubscribes() {
     );
     proxy.set_new_connection_latency(Duration::ZERO);
     taken.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 8: on a Cluster, renewals answer per slot: a shard that stops answering costs only
+// the leases in its own slots. Before: one failing shard failed the renewal of every lease in
+// the batch, and leases on healthy shards were declared lost with it.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f08_a_failing_shard_costs_only_its_own_leases() {
+    let cluster = RedisCluster::start(3);
+    let runtime = LockRuntime::builder()
+        .redis_cluster(cluster.urls())
+        .command_timeout(Duration::from_millis(400))
+        .build()
+        .await
+        .expect("build");
+    let keys: Vec<String> = (0..30).map(|i| format!("sharded-{i}")).collect();
+    let (victim, _) = cluster.master_and_replica_of(&format!("lock:{{{}}}", keys[0]));
+    let mut healthy = Vec::new();
+    let mut on_victim = 0;
+    let mut guards = Vec::new();
+    for key in &keys {
+        let guard = runtime
+            .lock(key.as_str())
+            .ttl(Duration::from_millis(1500))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        let (master, _) = cluster.shard_of(0, &format!("lock:{{{key}}}"));
+        if master == victim {
+            on_victim += 1;
+        } else {
+            healthy.push(guard.lease().clone());
+        }
+        guards.push(guard);
+    }
+    assert!(on_victim > 0 && healthy.len() >= 10, "keys on every shard");
+    // The shard stays down (its replica does not take over), and the other shards keep
+    // serving their slots meanwhile, as with `cluster-require-full-coverage no`.
+    let (_, victim_replica) = cluster.master_and_replica_of(&format!("lock:{{{}}}", keys[0]));
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let mut conn = node
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to a node");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET");
+        if i == victim_replica {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-replica-no-failover")
+                .arg("yes")
+                .query_async(&mut conn)
+                .await
+                .expect("CONFIG SET");
+        }
+    }
+    let pid = cluster.nodes[victim].pid().expect("running");
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lost = healthy.iter().filter(|l| l.is_lost()).count();
+    signal("-CONT");
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} leases on healthy shards were lost to another shard's failure",
+        healthy.len()
+    );
+    drop(guards);
 }
