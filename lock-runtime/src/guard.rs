@@ -127,6 +127,9 @@ impl LockGuard {
     async fn finish(mut self, done_retention: Option<Duration>) -> Result<bool, LockError> {
         self.armed = false;
         let state = self.lease.state.clone();
+        // Counted before the watchdog forgets the lease, so a shutdown that finds the
+        // watchdog empty still waits for this release.
+        let _in_flight = self.runtime.release_in_flight();
         state.mark_ended();
         self.runtime.guard_closed(&state);
         state.count_release();

@@ -1091,3 +1091,41 @@ async fn f08_a_failing_shard_costs_only_its_own_leases() {
     );
     drop(guards);
 }
+
+/// Review of the fixes: `shutdown()` returns only after a release that the holder awaits
+/// itself has landed. Before: the watchdog, finding no lease left, let `shutdown()` return
+/// while that release was still on its way (here: 1 s through a slow link), so a process
+/// exiting right after its shutdown could leave the lock to its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_shutdown_waits_for_a_release_in_flight() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let holder = LockRuntime::builder()
+        .redis(proxy.url())
+        .shutdown_grace(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("build");
+    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let guard = holder
+        .lock("released-late")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    proxy.set_latency(Duration::from_millis(500));
+    let releasing = tokio::spawn(guard.release());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.shutdown().await;
+    assert!(
+        other
+            .lock("released-late")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_some(),
+        "shutdown returned before the holder's own release had landed"
+    );
+    assert!(releasing.await.expect("task").expect("release"));
+}
