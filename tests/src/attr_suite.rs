@@ -185,28 +185,53 @@ pub async fn attr_continue_lets_the_body_finish(store: &TestStore) {
     );
 }
 
-/// min_hold: the lock stays held after the call returns, until min_hold has passed.
+/// min_hold: the lock stays held after the call returns, until min_hold has passed. Timing
+/// is read from the store's own clock (`inspect`), never from how fast this machine ran.
 pub async fn attr_min_hold_outlives_the_call(store: &TestStore) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let runs = counter();
-    let start = Instant::now();
     a.scope(min_hold_job("f", runs.clone())).await;
-    b.scope(min_hold_job("f", runs.clone())).await;
-    if start.elapsed() < Duration::from_millis(1200) {
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "the second call skips during min_hold"
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(start.elapsed())).await;
     b.scope(min_hold_job("f", runs.clone())).await;
     assert_eq!(
         runs.load(Ordering::SeqCst),
+        1,
+        "the second call skips during min_hold"
+    );
+    let info = a
+        .inspect("min-hold:f")
+        .await
+        .expect("inspect")
+        .expect("the record outlives the call");
+    let expires = info.held_for + info.remaining.expect("the record has an expiry");
+    assert!(
+        expires >= Duration::from_millis(29_900) && expires <= Duration::from_millis(30_100),
+        "the record expires at min_hold (30 s after it was taken, by the store's clock), \
+         not at the 60 s ttl: {expires:?}"
+    );
+
+    // Once the store has let the record go, the job runs again.
+    let short_runs = counter();
+    a.scope(min_hold_short_job("g", short_runs.clone())).await;
+    wait_until_free(&a, "min-hold-short:g").await;
+    b.scope(min_hold_short_job("g", short_runs.clone())).await;
+    assert_eq!(
+        short_runs.load(Ordering::SeqCst),
         2,
         "runs again once min_hold has passed"
     );
+}
+
+/// Polls `inspect` until the store has no record for `key` (at most 5 s).
+async fn wait_until_free(runtime: &lock_runtime::LockRuntime, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while runtime.inspect(key).await.expect("inspect").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the record of {key} outlived its min_hold by seconds"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A nested call for a key the task holds runs directly (no deadlock, no contention).

@@ -214,40 +214,74 @@ pub async fn fences_strictly_increase(store: &TestStore) {
     );
 }
 
-/// A lock released before its min_hold stays held until min_hold has passed.
+/// A lock released before its min_hold stays held until min_hold has passed, and one released
+/// after it is freed at once. Timing is read from the store's own clock (`inspect`), never
+/// from how fast this machine ran.
 pub async fn min_hold_keeps_lock_after_release(store: &TestStore) {
     let a = store.runtime().await;
     let b = store.runtime().await;
+    // 30 s: far beyond any scheduling delay between the acquire and the checks below.
     let guard = a
         .lock("min-hold")
-        .ttl(Duration::from_secs(5))
-        .min_hold(Duration::from_millis(1500))
+        .ttl(Duration::from_secs(60))
+        .min_hold(Duration::from_secs(30))
         .try_acquire()
         .await
         .expect("acquire")
         .expect("free");
-    let acquired = Instant::now();
     assert!(guard.release().await.expect("release"));
-    let blocked = b.lock("min-hold").try_acquire().await.expect("try");
-    if acquired.elapsed() < Duration::from_millis(1200) {
-        assert!(
-            blocked.is_none(),
-            "min_hold must keep the lock after an early release"
-        );
-    }
-    let got = b
-        .lock("min-hold")
-        .acquire_timeout(Duration::from_secs(5))
+    assert!(
+        b.lock("min-hold")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none(),
+        "min_hold must keep the lock after an early release"
+    );
+    let info = a
+        .inspect("min-hold")
         .await
-        .expect("free after min_hold");
+        .expect("inspect")
+        .expect("the record stays");
+    let expires = info.held_for + info.remaining.expect("the record has an expiry");
     assert!(
-        acquired.elapsed() >= Duration::from_millis(1400),
-        "freed too early"
+        expires >= Duration::from_millis(29_900) && expires <= Duration::from_millis(30_100),
+        "the record expires at min_hold (30 s after it was taken, by the store's clock), not \
+         at the 60 s ttl: {expires:?}"
     );
-    assert!(
-        acquired.elapsed() < Duration::from_secs(4),
-        "held until the ttl, not min_hold"
-    );
+
+    // Released after its min_hold has passed (by the store's clock): freed at once.
+    let short = a
+        .lock("min-hold-short")
+        .ttl(Duration::from_secs(5))
+        .min_hold(Duration::from_millis(200))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = a
+            .inspect("min-hold-short")
+            .await
+            .expect("inspect")
+            .expect("held");
+        if info.held_for >= Duration::from_millis(250) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store's clock did not advance"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(short.release().await.expect("release"));
+    let got = b
+        .lock("min-hold-short")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free at once: min_hold had passed");
     got.release().await.expect("release");
 }
 
