@@ -270,7 +270,7 @@ where
     };
     // Re-entrant per task: a nested call for a key an enclosing annotated call of this task
     // holds runs directly. (A key this task holds through a `LockGuard` is not re-entrant:
-    // "skip" and "error" see it held, and "wait" fails with `LockError::WouldDeadlock`.)
+    // "skip" and "error" see it held, and "wait" waits, with a warning in the log.)
     if let Some(lease) = held_lease(runtime.inner.id, &spec.key).filter(|l| !l.is_lost()) {
         tracing::trace!("re-entrant call; the lock is already held by this task");
         let result = body.await;

@@ -67,17 +67,6 @@ pub enum LockError {
     /// The runtime was shut down with `LockRuntime::shutdown`; it takes no new locks.
     #[error("the lock runtime has been shut down")]
     Shutdown,
-
-    /// The task that asked to wait for the lock already holds it through a [`LockGuard`]
-    /// of the same runtime: waiting would wait for itself forever. Release the guard first,
-    /// or use the lease you hold.
-    ///
-    /// [`LockGuard`]: crate::LockGuard
-    #[error("this task already holds lock `{key}`; waiting for it again would never end")]
-    WouldDeadlock {
-        /// The lock key as the caller gave it.
-        key: String,
-    },
 }
 
 impl LockError {

@@ -57,9 +57,10 @@ impl LockGuard {
         &self.lease
     }
 
-    /// Makes the lease last at least `ttl` from now. Returns `Ok(false)` when the lock is no
-    /// longer ours (expired or taken over), in which case the lease is marked lost. A lease is
-    /// never shortened by this call.
+    /// Makes the lease last at least `ttl` from now, but never past the request's `max_hold`.
+    /// Returns `Ok(false)` when the lock is no longer ours (expired or taken over), in which
+    /// case the lease is marked lost, or when `max_hold` has been reached. A lease is never
+    /// shortened by this call.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the extension may or may not have been applied.
@@ -67,6 +68,14 @@ impl LockGuard {
         check_ttl("extend ttl", ttl)?;
         let state = &self.lease.state;
         if state.is_lost() {
+            return Ok(false);
+        }
+        // max_hold is a hard cap here too: never ask for more than what is left of it.
+        let ttl = match state.max_hold_until {
+            Some(cap) => ttl.min(cap.saturating_duration_since(Instant::now())),
+            None => ttl,
+        };
+        if ttl < Duration::from_millis(1) {
             return Ok(false);
         }
         let sent = Instant::now();
@@ -129,7 +138,7 @@ impl LockGuard {
         let state = self.lease.state.clone();
         // Counted before the watchdog forgets the lease, so a shutdown that finds the
         // watchdog empty still waits for this release.
-        let _in_flight = self.runtime.release_in_flight();
+        let _in_flight = self.runtime.watchdog.release_in_flight();
         state.mark_ended();
         self.runtime.guard_closed(&state);
         state.count_release();

@@ -288,10 +288,16 @@ impl LockRequest {
         let started = Instant::now();
         let (names, ttl) = self.validate()?;
         let inner = self.runtime.inner.clone();
+        // Waiting for a lock this task holds through a guard waits for itself, unless the
+        // guard was handed to another task that will release it (which cannot be told from
+        // here, and is a fine pattern). Say so loudly rather than fail a legitimate program.
         if inner.held_by_this_task(&names.record).is_some() {
-            return Err(LockError::WouldDeadlock {
-                key: self.key.clone(),
-            });
+            tracing::warn!(
+                key = %self.key,
+                "this task already holds the lock it now waits for (through a LockGuard); unless \
+                 that guard is released by another task, the wait never ends: release the guard \
+                 first, or use acquire_timeout"
+            );
         }
         // The deadline bounds everything, store calls included; a grant that the deadline or a
         // shutdown cuts off is released in the background by the attempt's own guard.

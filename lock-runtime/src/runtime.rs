@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
@@ -91,21 +91,6 @@ pub(crate) struct RuntimeInner {
     /// holds itself is told so instead of waiting forever, and the attribute treats a lock
     /// taken through `lock()` by the same task as re-entrant.
     guarded: Mutex<HashMap<String, Vec<Arc<LeaseState>>>>,
-    /// Releases awaited by their holders (`LockGuard::release`) that have not finished yet:
-    /// `shutdown` waits for them too, since the watchdog no longer tracks those leases.
-    releasing: AtomicUsize,
-    released: tokio::sync::Notify,
-}
-
-/// Counts one release in flight until dropped.
-pub(crate) struct ReleaseInFlight<'a>(&'a RuntimeInner);
-
-impl Drop for ReleaseInFlight<'_> {
-    fn drop(&mut self) {
-        if self.0.releasing.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.released.notify_waiters();
-        }
-    }
 }
 
 impl RuntimeInner {
@@ -134,25 +119,6 @@ impl RuntimeInner {
         let mut signal = self.shutdown_signal.subscribe();
         // The sender lives as long as `self`, so this only ends on `true`.
         let _ = signal.wait_for(|started| *started).await;
-    }
-
-    /// Counts a holder's own release as in flight until the returned guard drops.
-    pub(crate) fn release_in_flight(&self) -> ReleaseInFlight<'_> {
-        self.releasing.fetch_add(1, Ordering::AcqRel);
-        ReleaseInFlight(self)
-    }
-
-    /// Resolves once no holder's own release is in flight.
-    async fn releases_finished(&self) {
-        loop {
-            let finished = self.released.notified();
-            tokio::pin!(finished);
-            finished.as_mut().enable();
-            if self.releasing.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            finished.await;
-        }
     }
 
     /// Notes that a guard for `lease` is alive.
@@ -236,8 +202,6 @@ impl LockRuntime {
                 shutdown_grace,
                 wait_queues: Mutex::new(HashMap::new()),
                 guarded: Mutex::new(HashMap::new()),
-                releasing: AtomicUsize::new(0),
-                released: tokio::sync::Notify::new(),
                 metrics_label,
             }),
         }
@@ -313,8 +277,6 @@ impl LockRuntime {
             .watchdog
             .shutdown(self.inner.shutdown_grace)
             .await;
-        // Releases that holders await themselves are not the watchdog's; wait for them too.
-        self.inner.releases_finished().await;
         tracing::debug!(namespace = %self.inner.namespace, "lock runtime shut down");
     }
 

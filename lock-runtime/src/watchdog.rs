@@ -51,12 +51,56 @@ pub(crate) struct WatchdogHandle {
     tx: mpsc::UnboundedSender<Command>,
     /// For releases after the driver has stopped.
     fallback: (SharedBackend, Duration),
+    /// Releases the driver does not track: those a holder awaits itself, and those started
+    /// after the driver stopped. A shutdown waits for them too.
+    in_flight: Arc<InFlight>,
+    /// Turns true once the driver has stopped and finished its releases.
+    stopped: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A count of releases under way, and a way to wait until there are none.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+/// Counts one release as under way until dropped.
+pub(crate) struct InFlightRelease(Arc<InFlight>);
+
+impl Drop for InFlightRelease {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_left.notify_waiters();
+        }
+    }
+}
+
+impl InFlight {
+    fn start(self: &Arc<Self>) -> InFlightRelease {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        InFlightRelease(self.clone())
+    }
+
+    async fn finished(&self) {
+        loop {
+            let none_left = self.none_left.notified();
+            tokio::pin!(none_left);
+            none_left.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            none_left.await;
+        }
+    }
 }
 
 impl WatchdogHandle {
     pub(crate) fn spawn(backend: SharedBackend, command_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let fallback = (backend.clone(), command_timeout);
+        let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         let driver = Driver {
             backend,
@@ -66,9 +110,15 @@ impl WatchdogHandle {
             results_tx,
             releases: JoinSet::new(),
             draining: None,
+            stopped: stopped_tx,
         };
         tokio::spawn(driver.run(rx, results_rx));
-        WatchdogHandle { tx, fallback }
+        WatchdogHandle {
+            tx,
+            fallback,
+            in_flight: Arc::new(InFlight::default()),
+            stopped,
+        }
     }
 
     /// Releases `job` in the background: through the driver, or, once the driver has stopped
@@ -85,7 +135,11 @@ impl WatchdogHandle {
             return false;
         };
         let (backend, timeout) = self.fallback.clone();
-        handle.spawn(run_release(backend, timeout, job));
+        let counted = self.in_flight.start();
+        handle.spawn(async move {
+            run_release(backend, timeout, job).await;
+            drop(counted);
+        });
         true
     }
 
@@ -102,6 +156,16 @@ impl WatchdogHandle {
         if self.send(Command::Shutdown { grace, done }) {
             let _ = done_rx.await;
         }
+        // A caller that came after the driver stopped taking commands (a second shutdown)
+        // waits for the same end: the driver's last releases, then the untracked ones.
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+        self.in_flight.finished().await;
+    }
+
+    /// Counts a release that a holder awaits itself until the returned value drops.
+    pub(crate) fn release_in_flight(&self) -> InFlightRelease {
+        self.in_flight.start()
     }
 }
 
@@ -130,6 +194,7 @@ struct Driver {
     releases: JoinSet<()>,
     /// Set by a shutdown: when the grace period ends, and who waits for the end.
     draining: Option<(Instant, Vec<oneshot::Sender<()>>)>,
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 impl Driver {
@@ -214,6 +279,7 @@ impl Driver {
         }
         self.end_grace();
         while self.releases.join_next().await.is_some() {}
+        self.stopped.send_replace(true);
         if let Some((_, waiting)) = self.draining.take() {
             for done in waiting {
                 let _ = done.send(());

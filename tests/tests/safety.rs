@@ -884,17 +884,55 @@ async fn f11_reentrant_once_leaves_its_marker_redis() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Finding 13c: a task that holds a lock through `lock()` and then waits for it again is told
-// so at once, never left waiting for itself. Before: both the annotated `wait` call and a
-// second `acquire` waited forever (here: until the 3 s test timeout).
+// Finding 13c: a task that waits for a lock it holds itself through `lock()` is never left
+// waiting silently. Before: both the annotated `wait` call and a second `acquire` waited
+// forever without a word (here: until the 3 s test timeout). An error was tried and dropped:
+// a guard moved to another task, which will release it, is held by "this task" as far as the
+// runtime can tell, and waiting for it there is a fine pattern (the last case below).
 
-#[distributed_lock(key = "held-by-guard", on_contention = "wait")]
+#[distributed_lock(key = "held-by-guard", on_contention = "wait", wait_timeout = "300ms")]
 async fn waits_for_held_key() -> Result<u64, LockError> {
     Ok(current_lease().map_or(0, |l| l.fence()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f13_waiting_for_a_lock_this_task_holds_never_deadlocks() {
+/// Collects what the runtime logs, for the assertions on warnings.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
+    }
+}
+
+#[tokio::test]
+async fn f13_waiting_for_a_lock_this_task_holds_is_never_silent() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
     let runtime = TestStore::memory().runtime().await;
     let guard = runtime
         .lock("held-by-guard")
@@ -903,41 +941,41 @@ async fn f13_waiting_for_a_lock_this_task_holds_never_deadlocks() {
         .expect("acquire");
     let nested = tokio::time::timeout(Duration::from_secs(3), runtime.scope(waits_for_held_key()))
         .await
-        .expect("the annotated call did not wait for its own task's lock");
+        .expect("bounded by its wait_timeout");
     assert!(
-        matches!(nested, Err(LockError::WouldDeadlock { .. })),
-        "expected WouldDeadlock, got {nested:?}"
+        matches!(nested, Err(LockError::WaitTimeout { .. })),
+        "expected WaitTimeout, got {nested:?}"
     );
     let again = tokio::time::timeout(
         Duration::from_secs(3),
-        runtime.lock("held-by-guard").acquire(),
+        runtime
+            .lock("held-by-guard")
+            .acquire_timeout(Duration::from_millis(300)),
     )
     .await
-    .expect("a second acquire in the same task does not hang");
+    .expect("bounded by its timeout");
     assert!(
-        matches!(again, Err(LockError::WouldDeadlock { .. })),
-        "expected WouldDeadlock, got {again:?}"
+        matches!(again, Err(LockError::WaitTimeout { .. })),
+        "{again:?}"
     );
-    // Another task still waits normally, and gets the lock once it is released.
-    let other = {
-        let runtime = runtime.clone();
-        tokio::spawn(async move {
-            runtime
-                .lock("held-by-guard")
-                .acquire_timeout(Duration::from_secs(5))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!other.is_finished(), "another task waits");
-    guard.release().await.expect("release");
-    other
+    let warned = logs
+        .text()
+        .matches("already holds the lock it now waits for")
+        .count();
+    assert_eq!(warned, 2, "each self-wait is reported: {}", logs.text());
+
+    // The guard handed to another task that releases it: the wait here simply succeeds.
+    let worker = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        guard.release().await.expect("release");
+    });
+    let after_worker = runtime
+        .lock("held-by-guard")
+        .acquire_timeout(Duration::from_secs(3))
         .await
-        .expect("task")
-        .expect("acquired after the release")
-        .release()
-        .await
-        .expect("release");
+        .expect("acquired once the worker released it");
+    worker.await.expect("worker");
+    after_worker.release().await.expect("release");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1128,4 +1166,280 @@ async fn f04_shutdown_waits_for_a_release_in_flight() {
         "shutdown returned before the holder's own release had landed"
     );
     assert!(releasing.await.expect("task").expect("release"));
+}
+
+/// Review of the fixes: a release kept for `min_hold` is no longer the holder's. A renewal
+/// that reaches the store after it (spawned before the release, or retried after a reconnect)
+/// must not stretch the record to a whole ttl. Before: the record kept the token, so the late
+/// renewal (the runtime's own extend script, sent here by hand) extended it from min_hold to
+/// the 60 s ttl, held by nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_a_renewal_after_a_min_hold_release_does_not_extend_it() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let guard = runtime
+        .lock("kept")
+        .ttl(Duration::from_secs(60))
+        .min_hold(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let token = guard.lease().token().to_owned();
+    assert!(guard.release().await.expect("release"), "kept for min_hold");
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let renewed: Vec<i64> =
+        redis::Script::new(include_str!("../../lock-runtime/src/store/lua/extend.lua"))
+            .key("lock:{kept}")
+            .arg(&token)
+            .arg(60_000)
+            .invoke_async(&mut conn)
+            .await
+            .expect("the extend script");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("lock:{kept}")
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert_eq!(renewed, vec![0], "a released lease is not renewed");
+    assert!(
+        pttl <= 2_000,
+        "the record lives {pttl} ms, beyond its 2 s min_hold"
+    );
+}
+
+/// Review of the fixes: a replicated acquire cut off by its deadline after its script was
+/// written, but before the server ran it, gives the grant back on its own connection, after
+/// the script. Before: the give-back went out on the runtime's shared connection, overtook
+/// the slow script, found nothing, and the grant stayed with a token nobody holds (ttl 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f01_a_cancelled_replicated_acquire_leaves_no_grant() {
+    let (master, _replica) = master_with_replica().await;
+    let proxy = FaultProxy::start(master.port());
+    let runtime = LockRuntime::builder()
+        .redis(proxy.url())
+        .replicated_acquire(1, Duration::from_secs(2))
+        .command_timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .expect("build");
+    let direct = runtime_via(master.url(), Duration::from_secs(2)).await;
+    // Each replicated acquire opens a connection of its own: make those slow (latency L per
+    // hop) while the runtime's shared connection stays fast.
+    let hop = Duration::from_millis(600);
+    proxy.set_new_connection_latency(hop);
+    // One whole acquire, to learn how long the set-up takes: the pipeline is written 2 hops
+    // before the answer arrives and runs on the server 1 hop before it.
+    let started = Instant::now();
+    let probe = runtime
+        .lock("probe")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let whole = started.elapsed();
+    drop(probe);
+    assert!(
+        whole >= 2 * hop,
+        "the acquire crossed the slow link: {whole:?}"
+    );
+    // Cut the next one off between the write and the server running it.
+    let cut_at = whole - hop * 3 / 2;
+    let cut = tokio::time::timeout(
+        cut_at,
+        runtime
+            .lock("cut-off")
+            .ttl(Duration::from_secs(30))
+            .try_acquire(),
+    )
+    .await;
+    assert!(cut.is_err(), "cut off by the deadline");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.set_new_connection_latency(Duration::ZERO);
+    let taken = direct
+        .lock("cut-off")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("no grant was left behind for the 30 s ttl");
+    taken.release().await.expect("release");
+}
+
+/// Runs `body` on a tokio runtime of its own that is dropped as soon as `body` returns, like a
+/// process that exits right after `shutdown().await`: whatever the shutdown did not wait for
+/// is cut off.
+fn in_a_process_that_exits<F, Fut>(body: F) -> std::thread::JoinHandle<()>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        let process = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        process.block_on(body());
+    })
+}
+
+/// Cuts every connection through `proxy` and refuses new ones for `outage`: a write that
+/// was not sent yet waits for a reconnect, one already on its way still lands.
+fn outage(proxy: &Arc<FaultProxy>, outage: Duration) {
+    proxy.refuse(true);
+    proxy.drop_connections();
+    let proxy = proxy.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(outage);
+        proxy.refuse(false);
+    });
+}
+
+/// Review of the fixes: a grant cut off by the shutdown itself is given back before
+/// `shutdown()` returns, also when nothing else was held (the watchdog stops at once), so a
+/// process exiting right after its shutdown leaves nothing behind. A regression test: it also
+/// passed on the code before the fix, where the give-back usually reached the watchdog before
+/// it stopped; the fix counts the give-back that comes too late for the watchdog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f03_shutdown_waits_for_the_give_back_of_a_cut_off_grant() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(FaultProxy::start(server.port()));
+    let direct = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let in_process = proxy.clone();
+    let process = in_a_process_that_exits(move || async move {
+        let proxy = in_process;
+        let runtime = runtime_via(proxy.url(), Duration::from_secs(5)).await;
+        proxy.set_latency(Duration::from_millis(500));
+        let waiting = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move {
+                runtime
+                    .lock("cut-by-shutdown")
+                    .ttl(Duration::from_secs(30))
+                    .acquire()
+                    .await
+            })
+        };
+        // The acquire is on its way through the slow link (it will land) when the link
+        // breaks for a second and the shutdown starts: the give-back must wait to reconnect.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        outage(&proxy, Duration::from_secs(1));
+        runtime.shutdown().await;
+        let ended = waiting.await.expect("task");
+        assert!(matches!(ended, Err(LockError::Shutdown)), "{ended:?}");
+    });
+    tokio::task::spawn_blocking(move || process.join())
+        .await
+        .expect("join")
+        .expect("the process ran");
+    proxy.set_latency(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken = direct
+        .lock("cut-by-shutdown")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("no grant was left behind for the 30 s ttl");
+    taken.release().await.expect("release");
+}
+
+/// Review of the fixes: a second `shutdown()` (say from a signal handler while `main` shuts
+/// down too) returns only when the first one's releases have landed. Before: once the
+/// watchdog stopped taking commands, a second call returned at once, and the process exiting
+/// then cut off the end-of-grace release while it waited for a reconnect, leaving the lock
+/// for its 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f04_a_second_shutdown_waits_for_the_same_end() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(FaultProxy::start(server.port()));
+    let direct = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let in_process = proxy.clone();
+    let process = in_a_process_that_exits(move || async move {
+        let proxy = in_process;
+        let runtime = LockRuntime::builder()
+            .redis(proxy.url())
+            .command_timeout(Duration::from_secs(5))
+            .shutdown_grace(Duration::from_millis(300))
+            .build()
+            .await
+            .expect("build");
+        let guard = runtime
+            .lock("shut-twice")
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        // The link breaks for a second: the end-of-grace release waits to reconnect.
+        outage(&proxy, Duration::from_secs(1));
+        let first = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.shutdown().await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        runtime.shutdown().await;
+        drop(guard);
+        drop(first);
+    });
+    tokio::task::spawn_blocking(move || process.join())
+        .await
+        .expect("join")
+        .expect("the process ran");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken = direct
+        .lock("shut-twice")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("the lock was released before the process exited");
+    taken.release().await.expect("release");
+}
+
+/// Review of the fixes: `LockGuard::extend` respects `max_hold` as the watchdog does. Before:
+/// an explicit extend of 60 s took the lease 45 s past its 20 s max_hold.
+#[tokio::test(start_paused = true)]
+async fn f13_extend_respects_max_hold() {
+    let store = MemoryStore::new();
+    let a = LockRuntime::builder()
+        .memory(store.clone())
+        .build()
+        .await
+        .expect("build");
+    let b = LockRuntime::builder()
+        .memory(store)
+        .build()
+        .await
+        .expect("build");
+    let start = Instant::now();
+    let guard = a
+        .lock("capped-extend")
+        .ttl(Duration::from_secs(10))
+        .max_hold(Duration::from_secs(20))
+        .watchdog(false)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(guard.extend(Duration::from_secs(60)).await.expect("extend"));
+    tokio::time::sleep_until(start + Duration::from_secs(20)).await;
+    assert!(guard.lease().is_lost(), "the lease ends at max_hold");
+    assert!(
+        b.lock("capped-extend")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_some(),
+        "the record ends at max_hold too"
+    );
+    assert!(
+        !guard.extend(Duration::from_secs(60)).await.expect("extend"),
+        "nothing is left of max_hold"
+    );
 }

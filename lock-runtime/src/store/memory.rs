@@ -212,7 +212,10 @@ impl MemoryStore {
             }
             let hold_until = record.min_hold_until;
             if hold_until > now {
+                // Kept until min_hold passes, but no longer the holder's (as on Redis).
                 record.expires_at = record.expires_at.min(hold_until);
+                // Never a token: those are 32 hex digits (and `mark_done` uses "").
+                record.token = "released".to_owned();
                 ReleaseOutcome::KeptForMinHold
             } else {
                 state.records.remove(&names.record);

@@ -369,7 +369,7 @@ impl RedisBackend {
         let mut tries = 0;
         let (reply, confirmed) = loop {
             tries += 1;
-            let (url, mut conn) = match replication::connect(self, timeout).await {
+            let (url, conn) = match replication::connect(self, timeout).await {
                 Ok(opened) => opened,
                 Err((url, e)) => {
                     if self.note_master_failure(url.as_deref(), &e) && tries < 2 {
@@ -378,8 +378,9 @@ impl RedisBackend {
                     return Err(self.error(&context, e));
                 }
             };
-            let answered: Result<(Vec<Value>, i64), redis::RedisError> =
-                pipe.query_async(&mut conn).await;
+            let answered = self
+                .pipeline_owning(conn, pipe.clone(), names, token, replicas)
+                .await;
             match answered {
                 Ok(answer) => break answer,
                 Err(e) => {
@@ -401,14 +402,57 @@ impl RedisBackend {
         if confirmed >= replicas {
             return Ok(outcome);
         }
-        self.release(names, token, None).await.ok();
-        // Transient: a waiter keeps waiting through a replica outage.
+        // `pipeline_owning` has given the lock back already. Transient: a waiter keeps waiting
+        // through a replica outage.
         Err(BackendError::transient(format!(
             "lock `{}` was confirmed by {confirmed} of the {replicas} replicas required within \
              {timeout:?}; it was given back (replicated_acquire)",
             names.key
         ))
         .into())
+    }
+
+    /// Runs the acquire + WAIT pipeline on a task that owns `conn`, so that when the grant is
+    /// not kept (too few replicas confirmed it, or the caller went away meanwhile: a deadline,
+    /// a shutdown, an abort) the lock is given back on the same connection, where it cannot
+    /// overtake the acquire script. On any other connection it could arrive first, find
+    /// nothing, and leave the grant to a token nobody holds.
+    async fn pipeline_owning(
+        &self,
+        mut conn: redis::aio::MultiplexedConnection,
+        pipe: redis::Pipeline,
+        names: &KeyNames,
+        token: &str,
+        replicas: usize,
+    ) -> Result<(Vec<Value>, i64), redis::RedisError> {
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        let release = ReleaseCall::new(
+            self.scripts.clone(),
+            names,
+            token,
+            None,
+            self.options.cluster,
+        );
+        tokio::spawn(async move {
+            let answered: Result<(Vec<Value>, i64), redis::RedisError> =
+                pipe.query_async(&mut conn).await;
+            let confirmed = match &answered {
+                Ok((reply, confirmed)) if matches!(reply.first(), Some(Value::Int(1))) => {
+                    usize::try_from(*confirmed).unwrap_or(0) >= replicas
+                }
+                _ => true, // not granted (or unknown: the caller gives it back)
+            };
+            let caller_gone = answer_tx.send(answered).is_err();
+            if !confirmed || caller_gone {
+                let _ = release.run(&mut conn).await;
+            }
+        });
+        answer_rx.await.unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the replicated acquire task ended without an answer",
+            )))
+        })
     }
 
     pub(crate) async fn release(
@@ -418,18 +462,16 @@ impl RedisBackend {
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let mut conn = self.conn.clone();
-        let reply: i64 = self
-            .scripts
-            .release
-            .key(&names.record)
-            .key(&names.done)
-            .arg(token)
-            .arg(&names.channel)
-            .arg(done_retention.map_or(0, millis_ceil))
-            .arg(if self.options.cluster { "1" } else { "0" })
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
+        let reply = ReleaseCall::new(
+            self.scripts.clone(),
+            names,
+            token,
+            done_retention,
+            self.options.cluster,
+        )
+        .run(&mut conn)
+        .await
+        .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
@@ -571,6 +613,50 @@ impl RedisBackend {
             ))
             .into()),
         }
+    }
+}
+
+/// The release script's call for one token, owned, so a task of its own can run it.
+struct ReleaseCall {
+    scripts: Arc<Scripts>,
+    record: String,
+    done: String,
+    token: String,
+    channel: String,
+    done_retention_ms: u64,
+    cluster: bool,
+}
+
+impl ReleaseCall {
+    fn new(
+        scripts: Arc<Scripts>,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+        cluster: bool,
+    ) -> Self {
+        ReleaseCall {
+            scripts,
+            record: names.record.clone(),
+            done: names.done.clone(),
+            token: token.to_owned(),
+            channel: names.channel.clone(),
+            done_retention_ms: done_retention.map_or(0, millis_ceil),
+            cluster,
+        }
+    }
+
+    async fn run<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<i64> {
+        self.scripts
+            .release
+            .key(&self.record)
+            .key(&self.done)
+            .arg(&self.token)
+            .arg(&self.channel)
+            .arg(self.done_retention_ms)
+            .arg(if self.cluster { "1" } else { "0" })
+            .invoke_async(conn)
+            .await
     }
 }
 

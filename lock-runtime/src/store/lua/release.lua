@@ -18,6 +18,9 @@ if hold_until > 0 then
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if hold_until > now_ms then
+    -- Kept until min_hold passes, but no longer the holder's: a renewal or a retried acquire
+    -- with the old token that arrives after this must not find it theirs (tokens are hex).
+    redis.call('HSET', KEYS[1], 'token', 'released')
     redis.call('PEXPIRE', KEYS[1], hold_until - now_ms)
     return 2
   end

@@ -131,7 +131,9 @@ impl RedisBackend {
                             // Releases published while we were disconnected are lost: let every
                             // waiter retry now instead of sleeping out the lease's ttl.
                             PushKind::Disconnection => {
-                                unconfirmed.extend(hub.channels());
+                                // Only what is watched now: a channel nobody waits on any
+                                // more is not re-subscribed, and must not linger here.
+                                unconfirmed = hub.channels().into_iter().collect();
                                 hub.notify_all();
                                 if let Some((sentinel, options, push_tx)) = &follow
                                     && let Some(moved) = resubscribe_at_master(sentinel, options, push_tx, &hub).await
@@ -152,6 +154,7 @@ impl RedisBackend {
                             SubscriberCommand::Unsubscribe(channel) => {
                                 // A waiter may have come back for it meanwhile.
                                 if hub.forget_if_unwatched(&channel) {
+                                    unconfirmed.remove(&channel);
                                     let _ = conn.unsubscribe(&channel).await;
                                 }
                             }
