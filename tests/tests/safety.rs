@@ -381,17 +381,9 @@ async fn f13_redlock_waiter_rides_out_a_majority_outage() {
 
 #[tokio::test(start_paused = true)]
 async fn f13_max_hold_is_not_exceeded() {
-    let store = MemoryStore::new();
-    let a = LockRuntime::builder()
-        .memory(store.clone())
-        .build()
-        .await
-        .expect("build");
-    let b = LockRuntime::builder()
-        .memory(store)
-        .build()
-        .await
-        .expect("build");
+    let store = TestStore::memory();
+    let a = store.runtime().await;
+    let b = store.runtime().await;
     let start = Instant::now();
     let guard = a
         .lock("capped-hard")
@@ -1405,17 +1397,9 @@ async fn f04_a_second_shutdown_waits_for_the_same_end() {
 /// an explicit extend of 60 s took the lease 45 s past its 20 s max_hold.
 #[tokio::test(start_paused = true)]
 async fn f13_extend_respects_max_hold() {
-    let store = MemoryStore::new();
-    let a = LockRuntime::builder()
-        .memory(store.clone())
-        .build()
-        .await
-        .expect("build");
-    let b = LockRuntime::builder()
-        .memory(store)
-        .build()
-        .await
-        .expect("build");
+    let store = TestStore::memory();
+    let a = store.runtime().await;
+    let b = store.runtime().await;
     let start = Instant::now();
     let guard = a
         .lock("capped-extend")
