@@ -49,8 +49,8 @@ pub(crate) struct LeaseState {
     /// The `key` label of this lease's metrics (empty without the `metrics` feature).
     pub(crate) label: String,
     pub(crate) acquired_at: Instant,
-    /// The task that acquired the lease, to tell a wait for a lock this task already holds
-    /// (a deadlock) from an ordinary wait.
+    /// The task that acquired the lease, to warn when that task waits for it (likely a
+    /// deadlock, unless the guard went to another task).
     pub(crate) holder_task: TaskIdentity,
     /// Set once the leases-held gauge has been decremented for this lease.
     uncounted: AtomicBool,

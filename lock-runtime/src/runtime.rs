@@ -88,8 +88,7 @@ pub(crate) struct RuntimeInner {
     /// Per-key FIFO queues of this runtime's waiting tasks (see `LockRequest::acquire`).
     wait_queues: Mutex<HashMap<String, Weak<WaitQueue>>>,
     /// The leases whose guards are alive, by record key: a task that waits for a lock it
-    /// holds itself is told so instead of waiting forever, and the attribute treats a lock
-    /// taken through `lock()` by the same task as re-entrant.
+    /// holds itself through a guard gets a warning in the log instead of a silent wait.
     guarded: Mutex<HashMap<String, Vec<Arc<LeaseState>>>>,
 }
 
