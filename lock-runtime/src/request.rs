@@ -9,7 +9,7 @@ use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
 use crate::store::{AcquireOutcome, KeyNames};
-use crate::watchdog::{Command, ReleaseJob};
+use crate::watchdog::Command;
 use crate::{BackendError, Lease, LockError, LockGuard, LockRuntime};
 
 /// A lock request built by [`LockRuntime::lock`]; configure it, then acquire.
@@ -197,10 +197,10 @@ impl LockRequest {
     async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
         let inner = &self.runtime.inner;
         let token = uuid::Uuid::new_v4().simple().to_string();
-        // If this future is dropped while the script is in flight, or the call fails (a reply
-        // lost or late: the store may still have granted it), the lock may belong to a caller
-        // that is gone: release it in the background. The release is token-checked, so it
-        // never touches anyone else's lock.
+        // Until the lock is handed to the caller as a registered lease, anything that ends this
+        // attempt (the future dropped while the script is in flight, a call that fails after
+        // the store may have granted it, a grant the caller will not get) releases the token in
+        // the background. The release is token-checked, so it never touches anyone's lock.
         let pending = PendingRelease::new(inner, names, &token, None);
         let label = inner.metric_label(&names.key);
         crate::metrics::attempt(&label);
@@ -216,28 +216,16 @@ impl LockRequest {
                 self.done_retention.is_some(),
             )
             .await;
-        let outcome = match outcome {
-            Ok(outcome) => {
-                pending.disarm();
-                outcome
-            }
-            Err(e) => {
-                drop(pending);
-                return Err(e);
-            }
-        };
-        match outcome {
+        match outcome? {
             AcquireOutcome::Acquired { fence } => {
-                // Granted while the runtime shuts down: nobody will renew it, so give it back.
+                // Granted while the runtime shuts down: nobody will renew it (given back).
                 if inner.is_shut_down() {
-                    give_back(inner, names, &token);
                     return Err(LockError::Shutdown);
                 }
                 // Granted, but the answer came after the lease's validity had ended: the
                 // record may have expired and been taken by another holder already.
                 let valid_until = sent + ttl - drift(ttl).min(ttl);
                 if Instant::now() >= valid_until {
-                    give_back(inner, names, &token);
                     return Err(BackendError::transient(format!(
                         "lock `{}` was granted after its ttl ({ttl:?}) had passed; it was given back",
                         names.key
@@ -248,7 +236,7 @@ impl LockRequest {
                     id: inner.next_lease_id(),
                     runtime_id: inner.id,
                     names: names.clone(),
-                    token,
+                    token: token.clone(),
                     fence,
                     ttl,
                     watchdog: self.watchdog,
@@ -259,11 +247,11 @@ impl LockRequest {
                 }));
                 if !inner.watchdog.send(Command::Register(state.clone())) {
                     // The watchdog has stopped (shutdown finished): the lease would never be
-                    // renewed nor reported lost.
+                    // renewed nor reported lost (given back).
                     state.mark_ended();
-                    give_back(inner, names, &state.token);
                     return Err(LockError::Shutdown);
                 }
+                pending.disarm();
                 crate::metrics::acquired(&state.label);
                 tracing::debug!(key = %names.key, fence, ?ttl, "lock acquired");
                 Ok(Attempt::Acquired(LockGuard::new(
@@ -273,11 +261,13 @@ impl LockRequest {
                 )))
             }
             AcquireOutcome::Held { pttl } => {
+                pending.disarm();
                 crate::metrics::contended(&label);
                 tracing::debug!(key = %names.key, ?pttl, "lock contended");
                 Ok(Attempt::Busy(pttl))
             }
             AcquireOutcome::Done { pttl } => {
+                pending.disarm();
                 tracing::debug!(key = %names.key, ?pttl, "work already done for this key");
                 Ok(Attempt::Done)
             }
@@ -291,7 +281,7 @@ impl LockRequest {
         // Waiting for a lock this task holds through a guard waits for itself, unless the
         // guard was handed to another task that will release it (which cannot be told from
         // here, and is a fine pattern). Say so loudly rather than fail a legitimate program.
-        if inner.held_by_this_task(&names.record).is_some() {
+        if inner.held_by_this_task(&names.record) {
             tracing::warn!(
                 key = %self.key,
                 "this task already holds the lock it now waits for (through a LockGuard); unless \
@@ -426,17 +416,6 @@ impl LockRequest {
             waited: started.elapsed(),
         }
     }
-}
-
-/// Releases, in the background, a grant the caller will not get. Not awaited, so cancelling
-/// the caller cannot cut it short.
-fn give_back(inner: &crate::runtime::RuntimeInner, names: &KeyNames, token: &str) {
-    inner.watchdog.release_in_background(ReleaseJob {
-        names: names.clone(),
-        token: token.to_owned(),
-        done_retention: None,
-        lease_id: None,
-    });
 }
 
 fn far_future() -> Instant {

@@ -141,15 +141,15 @@ impl RuntimeInner {
         }
     }
 
-    /// A lease of `record` still held through a guard acquired by the current task.
-    pub(crate) fn held_by_this_task(&self, record: &str) -> Option<Arc<LeaseState>> {
+    /// Whether a lease of `record` is still held through a guard acquired by the current task.
+    pub(crate) fn held_by_this_task(&self, record: &str) -> bool {
         let task = TaskIdentity::current();
         let guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
-        guarded
-            .get(record)?
-            .iter()
-            .find(|l| l.holder_task == task && !l.is_ended() && !l.is_lost())
-            .cloned()
+        guarded.get(record).is_some_and(|leases| {
+            leases
+                .iter()
+                .any(|l| l.holder_task == task && !l.is_ended() && !l.is_lost())
+        })
     }
 
     /// The wait queue of `record`, shared by every task of this runtime waiting for it.
