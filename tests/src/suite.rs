@@ -372,15 +372,24 @@ pub async fn panic_releases_promptly(store: &TestStore) {
 pub async fn waiter_wakes_on_release(store: &TestStore) {
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a
-        .lock("handoff")
+    release_wakes_waiter(&a, &b, "handoff").await;
+}
+
+/// `holder` takes `key` for 30 s and releases it while `waiter` waits for it: the waiter gets
+/// it within 2 s of the release. Its fallback (retrying when the holder's ttl runs out) would
+/// take 30 s, so only the published release can pass this.
+pub async fn release_wakes_waiter(holder: &LockRuntime, waiter: &LockRuntime, key: &str) {
+    let guard = holder
+        .lock(key)
         .ttl(Duration::from_secs(30))
         .try_acquire()
         .await
         .expect("acquire")
         .expect("free");
+    let b = waiter.clone();
+    let key_owned = key.to_owned();
     let waiter = tokio::spawn(async move {
-        let guard = b.lock("handoff").acquire().await.expect("acquire");
+        let guard = b.lock(key_owned).acquire().await.expect("acquire");
         (Instant::now(), guard)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -19,6 +19,27 @@ async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
         .expect("build")
 }
 
+/// Takes `key` through `runtime` within 5 s, then gives it back: the lock was not left held.
+async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
+    let taken = runtime
+        .lock(key)
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{why}: {e}"));
+    taken.release().await.expect("release");
+}
+
+/// Takes `key` through `runtime` at once, then gives it back: the lock is free right now.
+async fn free_now(runtime: &LockRuntime, key: &str, why: &str) {
+    let taken = runtime
+        .lock(key)
+        .try_acquire()
+        .await
+        .expect("try")
+        .unwrap_or_else(|| panic!("{why}"));
+    taken.release().await.expect("release");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Finding 3: a waiter whose runtime shuts down gets `LockError::Shutdown`, never a guard.
 // Before: the waiter kept waiting through the shutdown and, once the holder released, was
@@ -52,13 +73,12 @@ async fn waiter_ends_with_shutdown(store: &TestStore) {
         "expected Shutdown, got {result:?}"
     );
     // Nothing was left behind: the lock is free for others at once.
-    let again = holder
-        .lock("shutdown-wait")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free after the shut-down waiter ended");
-    again.release().await.expect("release");
+    free_now(
+        &holder,
+        "shutdown-wait",
+        "free after the shut-down waiter ended",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,13 +169,12 @@ async fn f06_acquire_error_after_grant_releases_in_the_background() {
         "the reply came after the command timeout: {failed:?}"
     );
     proxy.set_latency(Duration::ZERO);
-    let taken = other
-        .lock("late-reply")
-        .ttl(Duration::from_secs(30))
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("the orphaned grant was given back, not left for its 30 s ttl");
-    taken.release().await.expect("release");
+    free_within_5s(
+        &other,
+        "late-reply",
+        "the orphaned grant was given back, not left for its 30 s ttl",
+    )
+    .await;
 }
 
 /// The same inside the wait loop, whose transient errors are retried.
@@ -173,13 +192,12 @@ async fn f06_wait_loop_leaves_no_orphan() {
         .await;
     assert!(waited.is_err(), "every reply came late: {waited:?}");
     proxy.set_latency(Duration::ZERO);
-    let taken = other
-        .lock("late-wait")
-        .ttl(Duration::from_secs(30))
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("no grant of the wait loop was left behind");
-    taken.release().await.expect("release");
+    free_within_5s(
+        &other,
+        "late-wait",
+        "no grant of the wait loop was left behind",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,13 +243,12 @@ async fn f07_redlock_failed_quorum_releases_late_grants() {
         p.set_latency(Duration::ZERO);
         p.refuse(false);
     }
-    let taken = other
-        .lock("late-quorum")
-        .ttl(Duration::from_secs(30))
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("the late grants were released, not left for their 30 s ttl");
-    taken.release().await.expect("release");
+    free_within_5s(
+        &other,
+        "late-quorum",
+        "the late grants were released, not left for their 30 s ttl",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,13 +614,7 @@ async fn shutdown_lets_a_job_finish_with_its_lock(store: &TestStore) {
         .await
         .expect("shutdown returns once the last lease is released")
         .expect("task");
-    let next = b
-        .lock("graceful")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free after the job released it");
-    next.release().await.expect("release");
+    free_now(&b, "graceful", "free after the job released it").await;
 }
 
 async fn shutdown_tells_a_job_before_releasing_at_the_end_of_grace(store: &TestStore) {
@@ -747,12 +758,12 @@ async fn f01_replicated_acquire_never_confirms_through_a_retry() {
     );
     // And it was given back: free for others without waiting out the ttl.
     let direct = runtime_via(master.url(), Duration::from_secs(2)).await;
-    let taken = direct
-        .lock("unreplicated")
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .expect("the unconfirmed grant was given back");
-    taken.release().await.expect("release");
+    free_within_5s(
+        &direct,
+        "unreplicated",
+        "the unconfirmed grant was given back",
+    )
+    .await;
 }
 
 /// Finding 2. Before: WAIT blocked the runtime's shared connection, so with the replica down
@@ -1254,13 +1265,12 @@ async fn f01_a_cancelled_replicated_acquire_leaves_no_grant() {
     assert!(cut.is_err(), "cut off by the deadline");
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.set_new_connection_latency(Duration::ZERO);
-    let taken = direct
-        .lock("cut-off")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("no grant was left behind for the 30 s ttl");
-    taken.release().await.expect("release");
+    free_now(
+        &direct,
+        "cut-off",
+        "no grant was left behind for the 30 s ttl",
+    )
+    .await;
 }
 
 /// Runs `body` on a tokio runtime of its own that is dropped as soon as `body` returns, like a
@@ -1332,13 +1342,12 @@ async fn f03_shutdown_waits_for_the_give_back_of_a_cut_off_grant() {
         .expect("the process ran");
     proxy.set_latency(Duration::ZERO);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let taken = direct
-        .lock("cut-by-shutdown")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("no grant was left behind for the 30 s ttl");
-    taken.release().await.expect("release");
+    free_now(
+        &direct,
+        "cut-by-shutdown",
+        "no grant was left behind for the 30 s ttl",
+    )
+    .await;
 }
 
 /// Review of the fixes: a second `shutdown()` (say from a signal handler while `main` shuts
@@ -1384,13 +1393,12 @@ async fn f04_a_second_shutdown_waits_for_the_same_end() {
         .expect("join")
         .expect("the process ran");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let taken = direct
-        .lock("shut-twice")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("the lock was released before the process exited");
-    taken.release().await.expect("release");
+    free_now(
+        &direct,
+        "shut-twice",
+        "the lock was released before the process exited",
+    )
+    .await;
 }
 
 /// Review of the fixes: `LockGuard::extend` respects `max_hold` as the watchdog does. Before:

@@ -54,24 +54,8 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     assert!(!guard.lease().is_lost(), "renewals are permitted");
     assert!(a.inspect("acl").await.expect("inspect").is_some());
     assert!(guard.release().await.expect("release"));
-    // Waiting on the release channel: the holder's ttl (30 s) is far beyond the waiter's
-    // bound, so only the published release can wake it in time.
-    let guard = a
-        .lock("acl-wait")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let waiter = tokio::spawn(async move {
-        b.lock("acl-wait")
-            .acquire_timeout(Duration::from_secs(5))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(guard.release().await.expect("release"));
-    let second = waiter.await.expect("task").expect("woken by the release");
-    second.release().await.expect("release");
+    // Waiting on the release channel (subscribe and publish are permitted).
+    lock_tests::suite::release_wakes_waiter(&a, &b, "acl-wait").await;
     let held = a
         .lock("acl-min")
         .ttl(Duration::from_secs(5))

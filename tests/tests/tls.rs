@@ -168,29 +168,8 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(!guard.lease().is_lost(), "renewed over TLS");
     assert!(guard.release().await.expect("release"));
-    // The holder's ttl (30 s) is far beyond the waiter's bound: only the published release
-    // can wake it in time.
-    let guard = a
-        .lock("tls-wait")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let waiter = tokio::spawn(async move {
-        b.lock("tls-wait")
-            .acquire_timeout(Duration::from_secs(5))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(guard.release().await.expect("release"));
-    waiter
-        .await
-        .expect("task")
-        .expect("woken over the TLS subscriber")
-        .release()
-        .await
-        .expect("release");
+    // Waiting over the TLS subscriber.
+    lock_tests::suite::release_wakes_waiter(&a, &b, "tls-wait").await;
 
     for (what, builder) in [
         (
