@@ -15,6 +15,8 @@ struct Faults {
     stalled: AtomicBool,
     refusing: AtomicBool,
     latency_ms: AtomicU64,
+    /// Delay of every chunk from the server to the client only (replies, pushes).
+    reply_latency_ms: AtomicU64,
     /// Latency of every connection accepted from now on, for its whole life.
     new_connection_latency_ms: AtomicU64,
     /// Bumped to drop every open connection.
@@ -88,6 +90,14 @@ impl FaultProxy {
             .store(latency.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// Delays only what the server sends back: a command reaches the server at once, its
+    /// answer arrives `latency` later.
+    pub fn set_reply_latency(&self, latency: Duration) {
+        self.faults
+            .reply_latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// Delays every forwarded chunk.
     pub fn set_latency(&self, latency: Duration) {
         self.faults
@@ -132,6 +142,7 @@ async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<F
             faults.clone(),
             epoch,
             own_latency,
+            false,
         ));
         tokio::spawn(pump(
             server_read,
@@ -139,6 +150,7 @@ async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<F
             faults.clone(),
             epoch,
             own_latency,
+            true,
         ));
     }
 }
@@ -149,6 +161,7 @@ async fn pump(
     faults: Arc<Faults>,
     epoch: u64,
     own_latency_ms: u64,
+    replies: bool,
 ) {
     let alive = |f: &Faults| f.epoch.load(Ordering::SeqCst) == epoch;
     let mut buf = vec![0u8; 64 * 1024];
@@ -168,7 +181,10 @@ async fn pump(
                 return;
             }
         }
-        let latency = faults.latency_ms.load(Ordering::SeqCst) + own_latency_ms;
+        let mut latency = faults.latency_ms.load(Ordering::SeqCst) + own_latency_ms;
+        if replies {
+            latency += faults.reply_latency_ms.load(Ordering::SeqCst);
+        }
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
