@@ -694,7 +694,8 @@ async fn f04_shutdown_grace_end_tells_before_release_redis() {
 
 /// A master and one replica in sync.
 async fn master_with_replica() -> (RedisServer, RedisServer) {
-    let master = RedisServer::start();
+    // No 5 s pause before the first sync (the master's default).
+    let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
     let port = master.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
     let mut conn = master
@@ -709,8 +710,31 @@ async fn master_with_replica() -> (RedisServer, RedisServer) {
             .query_async(&mut conn)
             .await
             .expect("INFO");
+        // `state=online` is not enough: after a diskless sync the master streams to the
+        // replica only once the replica's first REPLCONF ACK arrives (up to a second later),
+        // and until then WAIT blocks. A write that WAIT confirms proves the stream is up.
         if info.contains("state=online") {
-            break;
+            let _: () = redis::cmd("SET")
+                .arg("replica-sync-probe")
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .expect("SET");
+            // (Short: the client's own response timeout is under a second.)
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(200)
+                .query_async(&mut conn)
+                .await
+                .expect("WAIT");
+            let _: () = redis::cmd("DEL")
+                .arg("replica-sync-probe")
+                .query_async(&mut conn)
+                .await
+                .expect("DEL");
+            if acked >= 1 {
+                break;
+            }
         }
         assert!(
             Instant::now() < deadline,
