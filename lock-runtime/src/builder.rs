@@ -8,7 +8,10 @@ use crate::config::{
     default_owner, redact_url,
 };
 use crate::runtime::MetricsLabel;
-use crate::store::{Backend, DEFAULT_NODE_TIMEOUT, RedisBackend, RedisOptions, RedlockBackend};
+use crate::store::{
+    Backend, CustomStore, DEFAULT_NODE_TIMEOUT, LockStore, RedisBackend, RedisOptions,
+    RedlockBackend,
+};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -40,6 +43,7 @@ enum StoreChoice {
     Sentinel(String, Vec<String>),
     Redlock(Vec<String>),
     Memory(MemoryStore),
+    Custom(CustomStore),
 }
 
 impl StoreChoice {
@@ -50,6 +54,7 @@ impl StoreChoice {
             StoreChoice::Sentinel(..) => "redis_sentinel",
             StoreChoice::Redlock(_) => "redlock",
             StoreChoice::Memory(_) => "memory",
+            StoreChoice::Custom(_) => "store",
         }
     }
 }
@@ -80,6 +85,7 @@ impl std::fmt::Debug for LockRuntimeBuilder {
                     .join(", ")
             ),
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
+            Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")
@@ -187,6 +193,13 @@ impl LockRuntimeBuilder {
         self.set_store(StoreChoice::Memory(store))
     }
 
+    /// Lock in any store that implements [`LockStore`]: a third-party store, or a test's
+    /// simulated one. The runtime keeps every promise of its own (validity, the watchdog,
+    /// waiting, shutdown) on top of what the store's calls promise.
+    pub fn store(self, store: impl LockStore) -> Self {
+        self.set_store(StoreChoice::Custom(CustomStore::new(store)))
+    }
+
     /// The prefix of every store key (default `"lock"`): records are `<namespace>:{<key>}`.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
@@ -282,7 +295,12 @@ impl LockRuntimeBuilder {
             check_ttl("replicated_acquire timeout", timeout)?;
             if matches!(
                 self.store,
-                Some(StoreChoice::Memory(_) | StoreChoice::Cluster(_) | StoreChoice::Redlock(_))
+                Some(
+                    StoreChoice::Memory(_)
+                        | StoreChoice::Cluster(_)
+                        | StoreChoice::Redlock(_)
+                        | StoreChoice::Custom(_)
+                )
             ) {
                 return Err(LockError::config(
                     "replicated_acquire applies to .redis(url) and .redis_sentinel(..) only",
@@ -296,6 +314,7 @@ impl LockRuntimeBuilder {
                 ));
             }
             Some(StoreChoice::Memory(store)) => Backend::Memory(store),
+            Some(StoreChoice::Custom(store)) => Backend::Custom(store),
             Some(StoreChoice::Redlock(urls)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
                 check_ttl("node_timeout", node_timeout)?;

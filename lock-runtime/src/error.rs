@@ -91,8 +91,10 @@ pub struct BackendError {
 }
 
 impl BackendError {
-    /// A store error with a message and no underlying cause.
-    pub(crate) fn msg(message: impl Into<String>) -> Self {
+    /// A store error with a message and no underlying cause: what was asked cannot succeed
+    /// as asked (for a failure to reach the store, use [`transient`](Self::transient)). The
+    /// message is shown to users as it is; it must not contain a secret.
+    pub fn new(message: impl Into<String>) -> Self {
         BackendError {
             message: message.into(),
             source: None,
@@ -101,10 +103,10 @@ impl BackendError {
     }
 
     /// A store error that a retry may cure: no answer in time, a connection that broke.
-    pub(crate) fn transient(message: impl Into<String>) -> Self {
+    pub fn transient(message: impl Into<String>) -> Self {
         BackendError {
             transient: true,
-            ..Self::msg(message)
+            ..Self::new(message)
         }
     }
 

@@ -43,7 +43,7 @@ mod lease;
 pub mod metrics;
 mod request;
 mod runtime;
-mod store;
+pub mod store;
 mod watchdog;
 
 pub use builder::LockRuntimeBuilder;

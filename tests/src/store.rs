@@ -11,6 +11,9 @@ use crate::{RedisCluster, RedisServer, SentinelSet};
 pub enum TestStore {
     /// One in-process store shared by every runtime of the test.
     Memory(MemoryStore),
+    /// One memory store plugged in through the public `LockStore` trait
+    /// (`.store(..)`), as a third-party store would be.
+    Plugged(MemoryStore),
     /// A redis-server started for the test.
     Redis(RedisServer),
     /// Five independent redis-servers, locked by Redlock quorum.
@@ -27,6 +30,11 @@ impl TestStore {
     /// A fresh memory store.
     pub fn memory() -> Self {
         TestStore::Memory(MemoryStore::new())
+    }
+
+    /// A fresh memory store, plugged in through the public `LockStore` trait.
+    pub fn plugged() -> Self {
+        TestStore::Plugged(MemoryStore::new())
     }
 
     /// A fresh redis-server.
@@ -55,6 +63,7 @@ impl TestStore {
         let builder = LockRuntime::builder().owner(owner);
         let builder = match self {
             TestStore::Memory(store) => builder.memory(store.clone()),
+            TestStore::Plugged(store) => builder.store(store.clone()),
             TestStore::Redis(server) => builder.redis(server.url()),
             TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
             TestStore::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
@@ -71,7 +80,7 @@ impl TestStore {
     /// Removes the record of `key` behind the holder's back (namespace `lock`).
     pub async fn delete_record(&self, key: &str) {
         match self {
-            TestStore::Memory(store) => store.clear(),
+            TestStore::Memory(store) | TestStore::Plugged(store) => store.clear(),
             TestStore::Redis(server) => delete_on(server, key).await,
             TestStore::Redlock(servers) => {
                 for server in servers {

@@ -5,14 +5,38 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
 
-/// Maps a release channel to the waiters of that lock. Entries live as long as some
+/// Maps a release channel to the waiters of that lock: the fan-out a [`LockStore`] needs for
+/// [`watch_releases`](super::LockStore::watch_releases). Entries live as long as some
 /// [`ReleaseWatch`] holds them.
+///
+/// [`LockStore`]: super::LockStore
 #[derive(Debug, Default)]
-pub(crate) struct ReleaseHub {
+pub struct ReleaseHub {
     channels: Mutex<HashMap<String, Weak<Notify>>>,
 }
 
 impl ReleaseHub {
+    /// An empty hub.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A live watch on `channel`: [`notify`](Self::notify) of that channel wakes it from now
+    /// on. Dropping the last watch of a channel forgets the channel.
+    pub fn subscribe(self: &Arc<Self>, channel: &str) -> ReleaseWatch {
+        let (notify, _first) = self.watch(channel);
+        let hub = Arc::downgrade(self);
+        let channel = channel.to_owned();
+        ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                if let Some(hub) = hub.upgrade() {
+                    hub.forget_if_unwatched(&channel);
+                }
+            })),
+        )
+    }
+
     /// Returns the notifier for `channel` and whether this is its first live watcher.
     pub(crate) fn watch(&self, channel: &str) -> (Arc<Notify>, bool) {
         let mut channels = lock(&self.channels);
@@ -25,7 +49,7 @@ impl ReleaseHub {
     }
 
     /// Wakes every task waiting on `channel`.
-    pub(crate) fn notify(&self, channel: &str) {
+    pub fn notify(&self, channel: &str) {
         let target = {
             let mut channels = lock(&self.channels);
             match channels.get(channel).map(Weak::upgrade) {
@@ -44,7 +68,7 @@ impl ReleaseHub {
 
     /// Wakes every waiter of every lock: used when the subscription connection dropped and
     /// releases may have been missed.
-    pub(crate) fn notify_all(&self) {
+    pub fn notify_all(&self) {
         let targets: Vec<Arc<Notify>> = {
             let mut channels = lock(&self.channels);
             channels.retain(|_, w| w.strong_count() > 0);
@@ -80,8 +104,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A live watch on one lock's releases. Dropping it ends the watch.
-pub(crate) struct ReleaseWatch {
+/// A live watch on one lock's releases, made by [`ReleaseHub::subscribe`]. Dropping it ends
+/// the watch.
+pub struct ReleaseWatch {
     pub(crate) notify: Arc<Notify>,
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
     on_requeue: Option<Box<dyn Fn() + Send + Sync>>,

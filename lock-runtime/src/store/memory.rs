@@ -7,8 +7,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, ReleaseWatch,
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal,
 };
+use crate::LockError;
 
 /// An in-process lock store for demos and unit tests.
 ///
@@ -42,7 +44,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
-    hub: ReleaseHub,
+    hub: Arc<ReleaseHub>,
 }
 
 #[derive(Debug)]
@@ -255,16 +257,40 @@ impl MemoryStore {
     }
 
     pub(crate) fn watch_releases(&self, names: &KeyNames) -> ReleaseWatch {
-        let (notify, _first) = self.shared.hub.watch(&names.channel);
-        let shared = Arc::downgrade(&self.shared);
-        let channel = names.channel.clone();
-        ReleaseWatch::new(
-            notify,
-            Some(Box::new(move || {
-                if let Some(shared) = shared.upgrade() {
-                    shared.hub.forget_if_unwatched(&channel);
-                }
-            })),
-        )
+        self.shared.hub.subscribe(&names.channel)
+    }
+}
+
+/// The memory store through the public trait, as a third-party store would be plugged in
+/// (the runtime's `.memory(..)` calls it directly). The conformance tests run it this way too.
+impl LockStore for MemoryStore {
+    async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        Ok(MemoryStore::acquire(
+            self, r.names, r.token, r.owner, r.ttl, r.min_hold, r.once,
+        ))
+    }
+
+    async fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        Ok(MemoryStore::release(self, names, token, done_retention))
+    }
+
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+        Ok(MemoryStore::extend(self, items)
+            .into_iter()
+            .map(Renewal::from)
+            .collect())
+    }
+
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+        Ok(MemoryStore::inspect(self, names))
+    }
+
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        Ok(MemoryStore::watch_releases(self, names))
     }
 }

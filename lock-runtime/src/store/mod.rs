@@ -1,5 +1,13 @@
-//! The stores a runtime can lock in, behind one enum so each call is a plain `match`.
+//! The stores a runtime can lock in.
+//!
+//! The built-in stores sit behind one enum, so each call is a plain `match`; any other store
+//! implements [`LockStore`] and is plugged in with
+//! [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store). The runtime brings
+//! everything else (tokens, validity, the watchdog, waiting, shutdown); a store answers the
+//! five calls of [`LockStore`] with the semantics written on each.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,15 +20,17 @@ mod redis;
 mod redlock;
 mod sentinel;
 
-pub(crate) use hub::{ReleaseHub, ReleaseWatch};
+pub use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;
 pub(crate) use redis::{RedisBackend, RedisOptions};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 
-/// The store keys of one lock: `<ns>:{<key>}` and its companions. The braces are a Redis
+/// The names of one lock in a store: `<ns>:{<key>}` and its companions. The braces are a Redis
 /// Cluster hash tag, so all of them live in one slot and one script may touch them together.
+/// Other stores may use them as they are, or only [`record`](Self::record) (unique per
+/// namespace and key) and derive their own.
 #[derive(Debug, Clone)]
-pub(crate) struct KeyNames {
+pub struct KeyNames {
     /// The key as the caller gave it.
     pub(crate) key: String,
     pub(crate) record: String,
@@ -30,7 +40,8 @@ pub(crate) struct KeyNames {
 }
 
 impl KeyNames {
-    pub(crate) fn new(namespace: &str, key: &str) -> Self {
+    /// The names of `key` in `namespace`.
+    pub fn new(namespace: &str, key: &str) -> Self {
         let record = format!("{namespace}:{{{key}}}");
         KeyNames {
             key: key.to_owned(),
@@ -40,22 +51,56 @@ impl KeyNames {
             record,
         }
     }
+
+    /// The key as the caller gave it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lock record: `<ns>:{<key>}`.
+    pub fn record(&self) -> &str {
+        &self.record
+    }
+
+    /// The fence counter: `<ns>:{<key>}:fence`.
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
+    /// The `once` marker: `<ns>:{<key>}:done`.
+    pub fn done(&self) -> &str {
+        &self.done
+    }
+
+    /// The channel releases are announced on: `<ns>:{<key>}:released`.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
 }
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AcquireOutcome {
-    /// The lock is ours, with this fence.
-    Acquired { fence: u64 },
-    /// Someone else holds it; it expires in `pttl` unless renewed (None: no expiry known).
-    Held { pttl: Option<Duration> },
-    /// A done marker (`once`) says the work already ran; it expires in `pttl`.
-    Done { pttl: Option<Duration> },
+pub enum AcquireOutcome {
+    /// The lock is ours.
+    Acquired {
+        /// The new holder's fence: greater than every earlier fence of this lock.
+        fence: u64,
+    },
+    /// Someone else holds it.
+    Held {
+        /// It expires in this unless renewed (None: no expiry known).
+        pttl: Option<Duration>,
+    },
+    /// A done marker (`once`) says the work already ran.
+    Done {
+        /// The marker expires in this (None: no expiry known).
+        pttl: Option<Duration>,
+    },
 }
 
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReleaseOutcome {
+pub enum ReleaseOutcome {
     /// The record is gone and waiters were told.
     Released,
     /// The record stays until its min_hold has passed, then expires.
@@ -66,7 +111,7 @@ pub(crate) enum ReleaseOutcome {
 
 /// What a renewal found for one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Renewal {
+pub enum Renewal {
     /// Renewed: the record is ours and lives on.
     Renewed,
     /// The record belongs to another token, or is gone.
@@ -87,19 +132,159 @@ impl From<bool> for Renewal {
 
 /// One lease to renew.
 #[derive(Debug, Clone)]
-pub(crate) struct ExtendItem {
-    pub(crate) record: String,
-    pub(crate) token: String,
-    pub(crate) ttl: Duration,
+pub struct ExtendItem {
+    /// The lock's record ([`KeyNames::record`]).
+    pub record: String,
+    /// The token the lease was acquired with.
+    pub token: String,
+    /// The new time to live, counted from when the store applies the renewal.
+    pub ttl: Duration,
 }
 
 /// A lock record as `inspect` reports it, before the runtime turns it into `LockInfo`.
 #[derive(Debug, Clone)]
-pub(crate) struct RecordView {
-    pub(crate) owner: String,
-    pub(crate) fence: u64,
-    pub(crate) remaining: Option<Duration>,
-    pub(crate) held_for: Duration,
+pub struct RecordView {
+    /// The owner name the holder's runtime acquired with.
+    pub owner: String,
+    /// The holder's fence.
+    pub fence: u64,
+    /// How long until the record expires unless renewed (None: no expiry known).
+    pub remaining: Option<Duration>,
+    /// How long since it was acquired, on the store's clock.
+    pub held_for: Duration,
+}
+
+/// One acquire, as the runtime asks a [`LockStore`] for it.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    /// The lock's names.
+    pub names: &'a KeyNames,
+    /// A fresh token (32 hex digits), unique to this attempt.
+    pub token: &'a str,
+    /// The owner name of the runtime, for `inspect` and operators.
+    pub owner: &'a str,
+    /// Time to live of the record, counted from when the store applies the acquire.
+    pub ttl: Duration,
+    /// A release before this much time has passed (store clock) leaves the record until then.
+    pub min_hold: Duration,
+    /// Refuse with [`AcquireOutcome::Done`] while the `once` marker of this lock lives.
+    pub once: bool,
+}
+
+/// A store the runtime can lock in: implement this to add one, and plug it in with
+/// [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store).
+///
+/// Every call acts on the store atomically, on the store's clock, and may be retried by the
+/// runtime only where the text below says so. A call that fails must say nothing it does not
+/// know: `Err` means "maybe applied, maybe not", and the runtime treats it that way (an acquire
+/// that failed is released in the background with its token, which is harmless if it never
+/// landed). Use [`BackendError::transient`](crate::BackendError::transient) for failures a
+/// retry may cure. Calls should bound their own time; the runtime also bounds them.
+///
+/// The promises the runtime builds on (DESIGN §5): fences strictly increase per lock, across
+/// restarts of the store where it has any; at most one live record per lock; a release or
+/// renewal with a token that is not the record's changes nothing of the record; a release
+/// that frees the lock wakes every [`ReleaseWatch`] of it.
+pub trait LockStore: Send + Sync + 'static {
+    /// Creates the record if the lock is free (no live record), with a fence greater than
+    /// every fence this lock had before, and answers [`AcquireOutcome::Acquired`]. Otherwise
+    /// answers [`AcquireOutcome::Held`] with the holder's remaining time to live, or, when
+    /// `request.once` is set and the lock's `once` marker lives, [`AcquireOutcome::Done`]
+    /// (checked first).
+    fn acquire(
+        &self,
+        request: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<AcquireOutcome, LockError>> + Send;
+
+    /// Gives the lock back if its record carries `token`: removes it and wakes the lock's
+    /// watchers ([`ReleaseOutcome::Released`]), or, while the record's `min_hold` has not
+    /// passed, keeps it until then under a value no token matches
+    /// ([`ReleaseOutcome::KeptForMinHold`]). Any other token changes nothing
+    /// ([`ReleaseOutcome::NotOwner`]). When `done_retention` is set, the `once` marker is
+    /// written for that long whatever the token (the runtime writes a marker alone with the
+    /// token `""`).
+    fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send;
+
+    /// Renews every item whose record still carries its token, to at least `ttl` from now;
+    /// one answer per item, in order. `Err` only when no item could be answered; an item whose
+    /// part of the store failed answers [`Renewal::Unknown`].
+    fn extend(
+        &self,
+        items: &[ExtendItem],
+    ) -> impl Future<Output = Result<Vec<Renewal>, LockError>> + Send;
+
+    /// The lock's live record, if any.
+    fn inspect(
+        &self,
+        names: &KeyNames,
+    ) -> impl Future<Output = Result<Option<RecordView>, LockError>> + Send;
+
+    /// Starts watching the lock's releases. Resolves once the watch is live: a release that
+    /// frees the lock after this returns must wake it (a [`ReleaseHub`] does the fan-out).
+    /// A watch may also wake without a release; the runtime then just tries again.
+    fn watch_releases(
+        &self,
+        names: &KeyNames,
+    ) -> impl Future<Output = Result<ReleaseWatch, LockError>> + Send;
+}
+
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+
+/// [`LockStore`] made object safe, so the runtime can hold any store behind one pointer.
+trait DynStore: Send + Sync {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, AcquireOutcome>;
+    fn release<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        done_retention: Option<Duration>,
+    ) -> StoreFuture<'a, ReleaseOutcome>;
+    fn extend<'a>(&'a self, items: &'a [ExtendItem]) -> StoreFuture<'a, Vec<Renewal>>;
+    fn inspect<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, Option<RecordView>>;
+    fn watch_releases<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, ReleaseWatch>;
+}
+
+impl<S: LockStore> DynStore for S {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, AcquireOutcome> {
+        Box::pin(LockStore::acquire(self, request))
+    }
+    fn release<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        done_retention: Option<Duration>,
+    ) -> StoreFuture<'a, ReleaseOutcome> {
+        Box::pin(LockStore::release(self, names, token, done_retention))
+    }
+    fn extend<'a>(&'a self, items: &'a [ExtendItem]) -> StoreFuture<'a, Vec<Renewal>> {
+        Box::pin(LockStore::extend(self, items))
+    }
+    fn inspect<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, Option<RecordView>> {
+        Box::pin(LockStore::inspect(self, names))
+    }
+    fn watch_releases<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, ReleaseWatch> {
+        Box::pin(LockStore::watch_releases(self, names))
+    }
+}
+
+/// A store plugged in through [`LockStore`].
+pub(crate) struct CustomStore(Box<dyn DynStore>);
+
+impl CustomStore {
+    pub(crate) fn new(store: impl LockStore) -> Self {
+        CustomStore(Box::new(store))
+    }
+}
+
+impl std::fmt::Debug for CustomStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CustomStore")
+    }
 }
 
 /// The store of one runtime. Held behind an `Arc`, so the size difference between variants
@@ -110,6 +295,7 @@ pub(crate) enum Backend {
     Redis(RedisBackend),
     Redlock(RedlockBackend),
     Memory(MemoryStore),
+    Custom(CustomStore),
 }
 
 impl Backend {
@@ -126,6 +312,17 @@ impl Backend {
             Backend::Redis(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
             Backend::Redlock(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
             Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold, once)),
+            Backend::Custom(c) => {
+                c.0.acquire(AcquireRequest {
+                    names,
+                    token,
+                    owner,
+                    ttl,
+                    min_hold,
+                    once,
+                })
+                .await
+            }
         }
     }
 
@@ -139,6 +336,7 @@ impl Backend {
             Backend::Redis(r) => r.release(names, token, done_retention).await,
             Backend::Redlock(r) => r.release(names, token, done_retention).await,
             Backend::Memory(m) => Ok(m.release(names, token, done_retention)),
+            Backend::Custom(c) => c.0.release(names, token, done_retention).await,
         }
     }
 
@@ -166,6 +364,7 @@ impl Backend {
                 .map(Renewal::from)
                 .collect()),
             Backend::Memory(m) => Ok(m.extend(items).into_iter().map(Renewal::from).collect()),
+            Backend::Custom(c) => c.0.extend(items).await,
         }
     }
 
@@ -174,6 +373,7 @@ impl Backend {
             Backend::Redis(r) => r.inspect(names).await,
             Backend::Redlock(r) => r.inspect(names).await,
             Backend::Memory(m) => Ok(m.inspect(names)),
+            Backend::Custom(c) => c.0.inspect(names).await,
         }
     }
 
@@ -184,6 +384,7 @@ impl Backend {
             Backend::Redis(r) => r.watch_releases(names).await,
             Backend::Redlock(r) => r.watch_releases(names).await,
             Backend::Memory(m) => Ok(m.watch_releases(names)),
+            Backend::Custom(c) => c.0.watch_releases(names).await,
         }
     }
 }

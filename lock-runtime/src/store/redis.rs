@@ -589,7 +589,7 @@ impl RedisBackend {
             .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key), e))?;
         match reply.as_slice() {
             [] => Ok(None),
-            [tag, kind] if value_text(tag) == "foreign" => Err(BackendError::msg(format!(
+            [tag, kind] if value_text(tag) == "foreign" => Err(BackendError::new(format!(
                 "Redis key `{}` holds a value of type `{}`, not a lock record",
                 names.record,
                 value_text(kind)
@@ -607,7 +607,7 @@ impl RedisBackend {
                 remaining: pttl_of(*pttl),
                 held_for: Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
             })),
-            _ => Err(BackendError::msg(format!(
+            _ => Err(BackendError::new(format!(
                 "inspect of `{}` got an unexpected reply from Redis",
                 names.key
             ))
@@ -703,7 +703,7 @@ impl RedisBackend {
 /// Reads the acquire script's reply.
 fn acquire_outcome(names: &KeyNames, reply: &[Value]) -> Result<AcquireOutcome, LockError> {
     let bad = || {
-        LockError::from(BackendError::msg(format!(
+        LockError::from(BackendError::new(format!(
             "acquire of `{}` got an unexpected reply from Redis",
             names.key
         )))
@@ -718,7 +718,7 @@ fn acquire_outcome(names: &KeyNames, reply: &[Value]) -> Result<AcquireOutcome, 
         [Value::Int(2), Value::Int(pttl)] => Ok(AcquireOutcome::Done {
             pttl: pttl_of(*pttl),
         }),
-        [Value::Int(3), kind] => Err(BackendError::msg(format!(
+        [Value::Int(3), kind] => Err(BackendError::new(format!(
             "Redis key `{}` holds a value of type `{}`, not a lock record; it was left untouched",
             names.record,
             value_text(kind)

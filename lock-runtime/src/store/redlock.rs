@@ -72,7 +72,7 @@ impl RedlockBackend {
         let mut down = Vec::new();
         while let Some(joined) = connecting.join_next().await {
             let (i, result) = joined.map_err(|e| {
-                LockError::from(BackendError::msg(format!(
+                LockError::from(BackendError::new(format!(
                     "connecting a redlock node failed: {e}"
                 )))
             })?;
@@ -89,7 +89,7 @@ impl RedlockBackend {
         let quorum = nodes.len() / 2 + 1;
         let up = nodes.len() - down.len();
         if up < quorum {
-            return Err(BackendError::msg(format!(
+            return Err(BackendError::new(format!(
                 "redlock: only {up} of {} masters answered, a quorum is {quorum}: {}",
                 nodes.len(),
                 down.join("; ")
@@ -272,7 +272,7 @@ impl RedlockBackend {
         } else if released > 0 {
             Ok(ReleaseOutcome::Released)
         } else if errors.len() > self.nodes.len() - self.quorum {
-            Err(BackendError::msg(format!(
+            Err(BackendError::new(format!(
                 "redlock release of `{}` reached too few masters: {}",
                 names.key,
                 errors.join("; ")
@@ -308,7 +308,7 @@ impl RedlockBackend {
         if errors.len() > self.nodes.len() - self.quorum {
             // Too few answers to tell "lost" from "unreachable": let the watchdog retry until
             // the validity ends.
-            return Err(BackendError::msg(format!(
+            return Err(BackendError::new(format!(
                 "redlock renewal reached too few masters: {}",
                 errors.join("; ")
             ))
@@ -342,7 +342,7 @@ impl RedlockBackend {
             }
         }
         if errors.len() > self.nodes.len() - self.quorum {
-            return Err(BackendError::msg(format!(
+            return Err(BackendError::new(format!(
                 "redlock inspect of `{}` reached too few masters: {}",
                 names.key,
                 errors.join("; ")
@@ -367,7 +367,7 @@ impl RedlockBackend {
                     let channel = channel.clone();
                     async move {
                         node.subscribe(&channel).await.map_err(|e| {
-                            LockError::from(BackendError::msg(match e {
+                            LockError::from(BackendError::new(match e {
                                 Some(e) => e.to_string(),
                                 None => "subscriber stopped".to_owned(),
                             }))
@@ -377,7 +377,7 @@ impl RedlockBackend {
                 .await;
             if answers.iter().all(Result::is_err) {
                 let errors: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
-                return Err(BackendError::msg(format!(
+                return Err(BackendError::new(format!(
                     "cannot wait for `{}`: no redlock master accepted the subscription: {}",
                     names.key,
                     errors.join("; ")

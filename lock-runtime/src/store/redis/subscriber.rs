@@ -39,7 +39,7 @@ impl RedisBackend {
     fn wait_error(&self, names: &KeyNames, e: Option<redis::RedisError>) -> LockError {
         match e {
             Some(e) => self.error(&format!("cannot wait for `{}`", names.key), e),
-            None => BackendError::msg(format!(
+            None => BackendError::new(format!(
                 "cannot wait for `{}`: the subscriber connection to `{}` has stopped",
                 names.key, self.shown_url
             ))
