@@ -11,6 +11,12 @@ use crate::context::{held_lease, with_lease};
 use crate::request::TryOutcome;
 use crate::{LockError, LockRuntime};
 
+/// Makes the runtime's retry jitter on this thread a function of `seed` (None: random again),
+/// so a deterministic simulation on a current-thread runtime replays from its seed. For tests.
+pub fn seed_jitter(seed: Option<u64>) {
+    crate::config::seed_jitter(seed);
+}
+
 /// The contention policy of one annotated function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {
@@ -333,16 +339,19 @@ where
     let result = if spec.abort_on_lost {
         // The loss is checked before every poll of the body: a lease lost when granted never
         // starts the body, and a body woken by the loss itself is not polled again.
-        if lease.is_lost() {
-            None
-        } else {
-            tokio::pin!(body);
-            tokio::select! {
-                biased;
-                _ = lease.lost() => None,
-                r = &mut body => Some(r),
+        //
+        // Both by the clock (`is_lost`) and by the watchdog's word (`lost()`): the body's own
+        // timer may fire at the instant the validity ends, before the watchdog's timer has
+        // run, and that poll must not reach the body either.
+        let lost = lease.lost();
+        tokio::pin!(body, lost);
+        std::future::poll_fn(|cx| {
+            if lease.is_lost() || lost.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
             }
-        }
+            body.as_mut().poll(cx).map(Some)
+        })
+        .await
     } else {
         Some(body.await)
     };

@@ -80,11 +80,31 @@ pub(crate) fn millis_ceil(d: Duration) -> u64 {
 }
 
 /// A random duration in `[0, max)`, to spread the retries of many waiters or contenders. Not
-/// for secrets: seeded per call from the std hasher's random keys.
+/// for secrets: seeded per call from the std hasher's random keys, or, on a thread where
+/// [`seed_jitter`] was called (a deterministic simulation), drawn from that seed.
 pub(crate) fn jitter(max: Duration) -> Duration {
     use std::hash::{BuildHasher, RandomState};
     let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX).max(1);
-    Duration::from_nanos(RandomState::new().hash_one(std::time::SystemTime::now()) % nanos)
+    let seeded = JITTER_SEED.with(|state| {
+        let mut x = state.get()?;
+        // xorshift64
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(Some(x));
+        Some(x)
+    });
+    let draw = seeded.unwrap_or_else(|| RandomState::new().hash_one(std::time::SystemTime::now()));
+    Duration::from_nanos(draw % nanos)
+}
+
+thread_local! {
+    static JITTER_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes [`jitter`] on this thread a function of `seed` (None: random again).
+pub(crate) fn seed_jitter(seed: Option<u64>) {
+    JITTER_SEED.with(|state| state.set(seed.map(|s| s | 1)));
 }
 
 /// The safety margin subtracted from a lease's validity: ttl * 1% + 2 ms, for clock drift

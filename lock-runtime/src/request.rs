@@ -403,6 +403,7 @@ impl LockRequest {
                 wake = wake.min(d);
             }
             tokio::select! {
+                biased; // a fixed order, so a simulation replays from its seed
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }

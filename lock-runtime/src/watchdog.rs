@@ -228,7 +228,18 @@ impl Driver {
                 }
                 armed_for = next_wake;
             }
+            // A fixed order, so a simulation replays from its seed. No branch starves the
+            // others: the timer handles everything due in one turn, and the rest is finite.
             tokio::select! {
+                biased;
+                _ = &mut timer, if armed_for.is_some() => {
+                    armed_for = None;
+                    self.on_timer();
+                }
+                _ = &mut grace_timer, if grace_armed => {
+                    self.end_grace();
+                }
+                Some(report) = results.recv() => self.on_report(report),
                 command = commands.recv() => {
                     let Some(command) = command else { break };
                     // This command, then whatever else is queued, before the timer again.
@@ -239,15 +250,7 @@ impl Driver {
                     }
                     self.compact();
                 }
-                Some(report) = results.recv() => self.on_report(report),
                 Some(_) = self.releases.join_next(), if !self.releases.is_empty() => {}
-                _ = &mut timer, if armed_for.is_some() => {
-                    armed_for = None;
-                    self.on_timer();
-                }
-                _ = &mut grace_timer, if grace_armed => {
-                    self.end_grace();
-                }
             }
         }
         self.stop(commands).await;
@@ -256,7 +259,10 @@ impl Driver {
     /// The grace period is over: whatever is still held is marked lost (so its holder stops
     /// acting on it) and only then released.
     fn end_grace(&mut self) {
-        let entries: Vec<Entry> = self.entries.drain().map(|(_, e)| e).collect();
+        let mut entries: Vec<(u64, Entry)> = self.entries.drain().collect();
+        // In the order the leases were taken, not the map's: the same on every replay.
+        entries.sort_unstable_by_key(|(id, _)| *id);
+        let entries = entries.into_iter().map(|(_, e)| e);
         for entry in entries {
             let lease = entry.lease;
             lose(&lease, "the runtime shut down and its grace period ended");

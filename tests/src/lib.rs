@@ -7,6 +7,7 @@ pub mod jobs;
 pub mod proxy;
 pub mod rng;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod suite;
 

@@ -69,12 +69,17 @@ impl ReleaseHub {
     /// Wakes every waiter of every lock: used when the subscription connection dropped and
     /// releases may have been missed.
     pub fn notify_all(&self) {
-        let targets: Vec<Arc<Notify>> = {
+        let mut targets: Vec<(String, Arc<Notify>)> = {
             let mut channels = lock(&self.channels);
             channels.retain(|_, w| w.strong_count() > 0);
-            channels.values().filter_map(Weak::upgrade).collect()
+            channels
+                .iter()
+                .filter_map(|(c, w)| Some((c.clone(), w.upgrade()?)))
+                .collect()
         };
-        for n in targets {
+        // In channel order, not the map's: the same on every run of a simulation seed.
+        targets.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (_, n) in targets {
             n.notify_waiters();
         }
     }

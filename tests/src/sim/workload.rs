@@ -1,0 +1,508 @@
+//! One simulated run: a few runtimes (service instances) on one simulated store, workers that
+//! lock, hold, write through a fenced storage and let go in every way the API offers, and a
+//! fault driver. Everything is drawn from one seed.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
+use std::time::Duration;
+
+use lock_runtime::{Lease, LockError, LockGuard, LockRuntime, current_lease, distributed_lock};
+use tokio::time::Instant;
+
+use super::history::{FaultKind, History, Verdict};
+use super::world::{NetFaults, SimStore, World};
+use crate::rng::XorShift;
+
+/// The client-side timeout of one store call.
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Lease lengths the workers pick from.
+const TTLS: [Duration; 4] = [
+    Duration::from_millis(60),
+    Duration::from_millis(150),
+    Duration::from_millis(400),
+    Duration::from_millis(1000),
+];
+
+/// What one seed's run found.
+#[derive(Debug)]
+pub struct SimReport {
+    /// The seed.
+    pub seed: u64,
+    /// Leases handed to callers.
+    pub acquisitions: usize,
+    /// Writes the fenced storage accepted and refused.
+    pub writes: (u64, u64),
+    /// The checker's verdict.
+    pub verdict: Verdict,
+    /// On a violation: the recent history of the first offending key.
+    pub story: Option<String>,
+    /// Digest of the run ([`History::fingerprint`]).
+    pub fingerprint: u64,
+}
+
+thread_local! {
+    static PANICS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.with(|p| p.set(p.get() + 1));
+            previous(info);
+        }));
+    });
+}
+
+/// Runs seed `seed` for `length` of simulated time on a fresh current-thread runtime with
+/// paused time, and checks its history.
+pub fn run_seed(seed: u64, length: Duration) -> SimReport {
+    count_panics();
+    let panics_before = PANICS.with(Cell::get);
+    lock_runtime::__private::seed_jitter(Some(seed));
+    let report = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+    {
+        Ok(rt) => {
+            let report = rt.block_on(simulate(seed, length));
+            drop(rt);
+            report
+        }
+        Err(e) => SimReport {
+            seed,
+            acquisitions: 0,
+            writes: (0, 0),
+            verdict: Verdict {
+                violations: vec![format!("could not start a runtime: {e}")],
+                ..Verdict::default()
+            },
+            story: None,
+            fingerprint: 0,
+        },
+    };
+    lock_runtime::__private::seed_jitter(None);
+    let mut report = report;
+    let panics = PANICS.with(Cell::get) - panics_before;
+    if panics > 0 {
+        report
+            .verdict
+            .violations
+            .push(format!("{panics} panic(s) during the run"));
+    }
+    report
+}
+
+/// Shared by the tasks of one run.
+struct Ctx {
+    world: Arc<Mutex<World>>,
+    keys: u64,
+    stop: AtomicBool,
+}
+
+impl Ctx {
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn history<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
+        f(&mut self.world().history)
+    }
+
+    fn violation(&self, what: String) {
+        self.history(|h| h.violation(what));
+    }
+
+    /// Records a new hold of `lease` and follows its loss.
+    fn hold(self: &Arc<Self>, lease: &Lease, client: usize) -> usize {
+        let now = Instant::now();
+        let id = self.history(|h| h.hold(lease.key(), lease.token(), lease.fence(), client, now));
+        let ctx = self.clone();
+        let watched = lease.clone();
+        tokio::spawn(async move {
+            watched.lost().await;
+            let now = Instant::now();
+            ctx.history(|h| h.lost(id, now));
+        });
+        id
+    }
+
+    fn write(&self, lease: &Lease, believed_valid: bool) {
+        let now = Instant::now();
+        self.history(|h| {
+            h.write(
+                lease.key(),
+                lease.token(),
+                lease.fence(),
+                believed_valid,
+                now,
+            )
+        });
+    }
+}
+
+/// Ends a hold when dropped: released, dropped, or stopped by `on_lost = "abort"`.
+struct LetGo {
+    ctx: Arc<Ctx>,
+    id: usize,
+}
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        self.ctx.history(|h| h.unhold(self.id, now));
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn fraction(d: Duration, percent: u64) -> Duration {
+    d * u32::try_from(percent).unwrap_or(100) / 100
+}
+
+async fn simulate(seed: u64, length: Duration) -> SimReport {
+    let mut rng = XorShift::mixed(seed);
+    let clients = 2 + rng.below(3) as usize;
+    let keys = 1 + rng.below(3);
+    // One run in five has a perfect network, so what a fault excuses is also seen without it.
+    let calm = rng.below(5) == 0;
+    let net = if calm {
+        NetFaults {
+            slow_reply: 0,
+            lost_reply: 0,
+            dropped_request: 0,
+            max_latency: Duration::from_micros(500),
+        }
+    } else {
+        NetFaults {
+            slow_reply: rng.below(15),
+            lost_reply: rng.below(15),
+            dropped_request: rng.below(15),
+            max_latency: Duration::from_micros(100 + rng.below(3000)),
+        }
+    };
+    let world = Arc::new(Mutex::new(World::new(
+        rng.next_u64(),
+        clients,
+        net,
+        TIMEOUT,
+    )));
+    let start = Instant::now();
+    let end = start + length;
+    let ctx = Arc::new(Ctx {
+        world: world.clone(),
+        keys,
+        stop: AtomicBool::new(false),
+    });
+    let mut runtimes = Vec::new();
+    for client in 0..clients {
+        let grace = ms(rng.below(400));
+        match LockRuntime::builder()
+            .store(SimStore::new(world.clone(), client))
+            .owner(format!("sim-{client}"))
+            .command_timeout(TIMEOUT)
+            .shutdown_grace(grace)
+            .build()
+            .await
+        {
+            Ok(rt) => runtimes.push((rt, grace)),
+            Err(e) => ctx.violation(format!("build: {e}")),
+        }
+    }
+    let mut workers = Vec::new();
+    for (client, (rt, _)) in runtimes.iter().enumerate() {
+        for _ in 0..2 + rng.below(2) {
+            workers.push(tokio::spawn(worker(
+                ctx.clone(),
+                rt.clone(),
+                client,
+                rng.next_u64(),
+            )));
+        }
+    }
+    let faults =
+        (!calm).then(|| tokio::spawn(fault_driver(ctx.clone(), clients, end, rng.next_u64())));
+    // Sometimes one instance shuts down in the middle of the run.
+    if rng.below(3) == 0 {
+        let client = rng.below(clients as u64) as usize;
+        let (rt, grace) = runtimes[client].clone();
+        let at = start + fraction(length, rng.below(100));
+        let ctx = ctx.clone();
+        workers.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            ctx.history(|h| h.fault(Some(client), Instant::now(), FaultKind::Shutdown));
+            shutdown_within(&ctx, &rt, grace, client).await;
+        }));
+    }
+    tokio::time::sleep_until(end).await;
+    ctx.stop.store(true, Ordering::SeqCst);
+    if let Some(f) = faults {
+        f.abort();
+    }
+    for w in workers {
+        match tokio::time::timeout(Duration::from_secs(60), w).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => ctx.violation(format!("a worker task failed: {e}")),
+            Err(_) => {
+                ctx.violation("liveness: a worker did not finish within 60 s of the end".into())
+            }
+        }
+    }
+    for (client, (rt, grace)) in runtimes.iter().enumerate() {
+        shutdown_within(&ctx, rt, *grace, client).await;
+    }
+    // Let the background releases and the runtimes' tasks finish.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let run_end = Instant::now();
+    let world = ctx.world();
+    let verdict = world.history.check(run_end, 3 * TIMEOUT + ms(50));
+    let story = verdict
+        .violations
+        .first()
+        .map(|v| world.history.story(v, story_lines()));
+    SimReport {
+        seed,
+        acquisitions: world.history.acquisitions(),
+        writes: world.history.writes,
+        verdict,
+        story,
+        fingerprint: world.history.fingerprint(),
+    }
+}
+
+async fn shutdown_within(ctx: &Ctx, rt: &LockRuntime, grace: Duration, client: usize) {
+    let bound = grace + 3 * TIMEOUT + Duration::from_secs(1);
+    if tokio::time::timeout(bound, rt.shutdown()).await.is_err() {
+        ctx.violation(format!(
+            "liveness: client {client}: shutdown did not return within {bound:?}"
+        ));
+    }
+}
+
+async fn within<T>(
+    ctx: &Ctx,
+    client: usize,
+    what: &str,
+    bound: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(v) => Some(v),
+        Err(_) => {
+            ctx.violation(format!(
+                "liveness: client {client}: {what} did not return within {bound:?}"
+            ));
+            None
+        }
+    }
+}
+
+async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
+    let mut rng = XorShift::mixed(seed);
+    while !ctx.stop.load(Ordering::SeqCst) {
+        let key = format!("k{}", rng.below(ctx.keys));
+        let ttl = TTLS[rng.below(TTLS.len() as u64) as usize];
+        if rng.below(10) == 0 {
+            let nap = rng.below(100);
+            let outcome = within(
+                &ctx,
+                client,
+                "an annotated call",
+                Duration::from_secs(3),
+                rt.scope(annotated(ctx.clone(), key, client, nap)),
+            )
+            .await;
+            match outcome {
+                None | Some(Err(LockError::Shutdown)) => return,
+                Some(_) => {}
+            }
+            continue;
+        }
+        let mut request = rt.lock(key.clone()).ttl(ttl).watchdog(rng.below(5) != 0);
+        if rng.below(8) == 0 {
+            request = request.min_hold(fraction(ttl, rng.below(100)));
+        }
+        if rng.below(8) == 0 {
+            request = request.max_hold(ttl * (1 + rng.below(4) as u32));
+        }
+        let got = if rng.below(2) == 0 {
+            within(
+                &ctx,
+                client,
+                "try_acquire",
+                3 * TIMEOUT,
+                request.try_acquire(),
+            )
+            .await
+        } else {
+            let wait = ms(rng.below(2000));
+            within(
+                &ctx,
+                client,
+                "acquire_timeout",
+                wait + 3 * TIMEOUT,
+                request.acquire_timeout(wait),
+            )
+            .await
+            .map(|r| r.map(Some))
+        };
+        match got {
+            None | Some(Err(LockError::Shutdown)) => return,
+            Some(Ok(Some(guard))) => hold(&ctx, guard, client, ttl, &mut rng).await,
+            Some(Ok(None) | Err(_)) => tokio::time::sleep(ms(1 + rng.below(20))).await,
+        }
+    }
+}
+
+/// Holds a lease for a few steps, writing through the fenced storage, then lets go.
+async fn hold(ctx: &Arc<Ctx>, guard: LockGuard, client: usize, ttl: Duration, rng: &mut XorShift) {
+    let lease = guard.lease().clone();
+    let id = ctx.hold(&lease, client);
+    let mut seen_lost = false;
+    for _ in 0..1 + rng.below(4) {
+        // Now and then the whole instance stops (a GC or VM pause) for longer than the lease:
+        // nothing goes out, renewals included. Afterwards the holder writes without looking;
+        // the fence must refuse that write if a newer holder has written.
+        let paused = rng.below(25) == 0;
+        let nap = if paused {
+            2 * ttl + ms(rng.below(200))
+        } else {
+            fraction(ttl, rng.below(70)) + ms(1)
+        };
+        if paused {
+            let now = Instant::now();
+            let mut world = ctx.world();
+            world.history.fault(Some(client), now, FaultKind::Pause);
+            world.partition(client, now, now + nap);
+        }
+        tokio::time::sleep(nap).await;
+        if paused {
+            ctx.world().heal(client);
+        }
+        let lost = lease.is_lost();
+        if seen_lost && !lost {
+            ctx.violation(format!(
+                "lease: client {client}: is_lost() of fence {} went back to false",
+                lease.fence()
+            ));
+        }
+        seen_lost |= lost;
+        if !lost {
+            ctx.write(&lease, true);
+        } else if paused {
+            ctx.write(&lease, false);
+        }
+        if !lost && rng.below(10) == 0 {
+            let _ = within(
+                ctx,
+                client,
+                "extend",
+                3 * TIMEOUT + ms(50),
+                guard.extend(ttl),
+            )
+            .await;
+        }
+    }
+    let now = Instant::now();
+    ctx.history(|h| h.unhold(id, now));
+    if rng.below(4) == 0 {
+        drop(guard);
+    } else {
+        let _ = within(
+            ctx,
+            client,
+            "release",
+            3 * TIMEOUT + ms(50),
+            guard.release(),
+        )
+        .await;
+    }
+    if lease.is_held() {
+        ctx.violation(format!(
+            "lease: client {client}: is_held() of fence {} after its guard was let go",
+            lease.fence()
+        ));
+    }
+}
+
+#[distributed_lock(
+    key = "{key}",
+    ttl = "150ms",
+    on_contention = "wait",
+    wait_timeout = "300ms",
+    on_lost = "abort"
+)]
+async fn annotated(
+    ctx: Arc<Ctx>,
+    key: String,
+    client: usize,
+    nap_ms: u64,
+) -> Result<(), LockError> {
+    let Some(lease) = current_lease() else {
+        ctx.violation("attribute: no current lease inside an annotated body".into());
+        return Ok(());
+    };
+    let id = ctx.hold(&lease, client);
+    let _let_go = LetGo {
+        ctx: ctx.clone(),
+        id,
+    };
+    for _ in 0..3 {
+        tokio::time::sleep(ms(nap_ms)).await;
+        if lease.is_lost() {
+            let at = ctx.world().since_start(Instant::now()).as_secs_f64();
+            ctx.violation(format!(
+                "attribute: key {key}: client {client}: on_lost = \"abort\" polled the body at {at:.3}s, after its lease (fence {}) was lost",
+                lease.fence()
+            ));
+            return Ok(());
+        }
+        ctx.write(&lease, true);
+    }
+    Ok(())
+}
+
+/// Injects store-wide and per-client faults until `end`.
+async fn fault_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
+    let mut rng = XorShift::mixed(seed);
+    let rate = 1 + rng.below(4);
+    while Instant::now() < end {
+        tokio::time::sleep(ms(50 + rng.below(2000 / rate))).await;
+        let now = Instant::now();
+        let mut world = ctx.world();
+        match rng.below(10) {
+            0 => world.failover(now, ms(20 + rng.below(300))),
+            1 | 2 => {
+                let client = rng.below(clients as u64) as usize;
+                let until = now + ms(rng.below(1500));
+                world.partition(client, now, until);
+                drop(world);
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    ctx.world().heal(client);
+                });
+            }
+            3 => world.clock_step(now),
+            4 | 5 => {
+                let lag = ms(rng.below(200));
+                world.set_lag(now, lag);
+            }
+            _ => world.set_lag(now, ms(rng.below(3))),
+        }
+    }
+}
+
+/// How many lines of history a failure report shows (`SIM_STORY_LINES`, default 60).
+fn story_lines() -> usize {
+    std::env::var("SIM_STORY_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
