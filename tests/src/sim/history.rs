@@ -17,6 +17,8 @@ pub enum FaultKind {
     LostReply,
     /// A reply came after the client's timeout; the call took effect.
     SlowReply,
+    /// A reply came late but within the client's timeout.
+    Sluggish,
     /// The replica was promoted, losing what it had not received.
     Failover,
     /// A client was cut off the store.
@@ -39,6 +41,8 @@ pub(super) struct Grant {
     pub(super) fence: u64,
     pub(super) client: usize,
     pub(super) at: Instant,
+    /// When the client sent the acquire.
+    pub(super) sent: Instant,
     pub(super) ttl: Duration,
     pub(super) min_hold: Duration,
 }
@@ -54,6 +58,8 @@ struct Hold {
     from: Instant,
     to: Option<Instant>,
     lost_at: Option<Instant>,
+    /// Renewed by the watchdog with no max_hold: only a fault may end it.
+    renewed: bool,
 }
 
 impl Hold {
@@ -138,6 +144,7 @@ impl History {
     }
 
     /// A holder got its lease: returns the hold's number.
+    /// `renewed`: the watchdog renews it and no max_hold ends it.
     pub fn hold(
         &mut self,
         key: &str,
@@ -145,6 +152,7 @@ impl History {
         fence: u64,
         client: usize,
         at: Instant,
+        renewed: bool,
     ) -> usize {
         self.holds.push(Hold {
             key: key.to_owned(),
@@ -153,6 +161,7 @@ impl History {
             client,
             from: at,
             to: None,
+            renewed,
             lost_at: None,
         });
         self.holds.len() - 1
@@ -261,7 +270,44 @@ impl History {
         self.check_exclusion(run_end, &mut verdict);
         self.check_fences(&mut verdict);
         self.check_orphans(run_end, orphan_bound, &mut verdict);
+        self.check_losses(&mut verdict);
         verdict
+    }
+
+    /// A renewed lease is lost only for a cause: a fault of its client or of the store after
+    /// it was handed out, or an acquire answered too late to leave time for a renewal.
+    fn check_losses(&self, verdict: &mut Verdict) {
+        for h in &self.holds {
+            let Some(lost_at) = h.lost_at else { continue };
+            if !h.renewed || h.to.is_some_and(|to| to <= lost_at) {
+                continue;
+            }
+            let Some(g) = self.grant_of.get(&h.token).map(|&i| &self.grants[i]) else {
+                continue;
+            };
+            // Validity as the runtime counts it: from the send, less the drift margin.
+            let valid_until = g.sent + g.ttl - (g.ttl / 100 + Duration::from_millis(2));
+            if valid_until < h.from + g.ttl / 4 {
+                continue; // answered too late for a renewal to make it in time
+            }
+            // Any fault from the grant on counts, except the acquire's own sluggish reply,
+            // whose cost the test above has weighed.
+            let disturbed = self.faults.iter().any(|(client, at, kind)| {
+                (*at > g.at || (*at == g.at && *kind != FaultKind::Sluggish))
+                    && *at <= lost_at
+                    && (client.is_none() || *client == Some(h.client))
+            });
+            if !disturbed {
+                verdict.violations.push(format!(
+                    "liveness: key {}: client {} lost a renewed lease (fence {}) at {} with no fault since its grant at {}",
+                    h.key,
+                    h.client,
+                    h.fence,
+                    self.t(lost_at),
+                    self.t(g.at)
+                ));
+            }
+        }
     }
 
     fn check_exclusion(&self, run_end: Instant, verdict: &mut Verdict) {
@@ -278,7 +324,9 @@ impl History {
                     if a.token == h.token || h.end(run_end) <= h.from {
                         continue;
                     }
-                    if self.failover_hit.contains(&a.token) {
+                    // The older grant is the one a failover can have lost.
+                    let older = if a.fence < h.fence { a } else { &h };
+                    if self.failover_hit.contains(&older.token) {
                         *verdict
                             .excused
                             .entry("overlap after a failover lost the record or its renewal")

@@ -118,9 +118,18 @@ impl Ctx {
     }
 
     /// Records a new hold of `lease` and follows its loss.
-    fn hold(self: &Arc<Self>, lease: &Lease, client: usize) -> usize {
+    fn hold(self: &Arc<Self>, lease: &Lease, client: usize, renewed: bool) -> usize {
         let now = Instant::now();
-        let id = self.history(|h| h.hold(lease.key(), lease.token(), lease.fence(), client, now));
+        let id = self.history(|h| {
+            h.hold(
+                lease.key(),
+                lease.token(),
+                lease.fence(),
+                client,
+                now,
+                renewed,
+            )
+        });
         let ctx = self.clone();
         let watched = lease.clone();
         tokio::spawn(async move {
@@ -177,6 +186,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             slow_reply: 0,
             lost_reply: 0,
             dropped_request: 0,
+            sluggish_reply: 0,
             max_latency: Duration::from_micros(500),
         }
     } else {
@@ -184,6 +194,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             slow_reply: rng.below(15),
             lost_reply: rng.below(15),
             dropped_request: rng.below(15),
+            sluggish_reply: rng.below(40),
             max_latency: Duration::from_micros(100 + rng.below(3000)),
         }
     };
@@ -324,12 +335,15 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
             }
             continue;
         }
-        let mut request = rt.lock(key.clone()).ttl(ttl).watchdog(rng.below(5) != 0);
+        let watchdog = rng.below(5) != 0;
+        let mut request = rt.lock(key.clone()).ttl(ttl).watchdog(watchdog);
+        let mut renewed = watchdog;
         if rng.below(8) == 0 {
             request = request.min_hold(fraction(ttl, rng.below(100)));
         }
         if rng.below(8) == 0 {
             request = request.max_hold(ttl * (1 + rng.below(4) as u32));
+            renewed = false;
         }
         let got = if rng.below(2) == 0 {
             within(
@@ -354,16 +368,23 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
         };
         match got {
             None | Some(Err(LockError::Shutdown)) => return,
-            Some(Ok(Some(guard))) => hold(&ctx, guard, client, ttl, &mut rng).await,
+            Some(Ok(Some(guard))) => hold(&ctx, guard, client, ttl, renewed, &mut rng).await,
             Some(Ok(None) | Err(_)) => tokio::time::sleep(ms(1 + rng.below(20))).await,
         }
     }
 }
 
 /// Holds a lease for a few steps, writing through the fenced storage, then lets go.
-async fn hold(ctx: &Arc<Ctx>, guard: LockGuard, client: usize, ttl: Duration, rng: &mut XorShift) {
+async fn hold(
+    ctx: &Arc<Ctx>,
+    guard: LockGuard,
+    client: usize,
+    ttl: Duration,
+    renewed: bool,
+    rng: &mut XorShift,
+) {
     let lease = guard.lease().clone();
-    let id = ctx.hold(&lease, client);
+    let id = ctx.hold(&lease, client, renewed);
     let mut seen_lost = false;
     for _ in 0..1 + rng.below(4) {
         // Now and then the whole instance stops (a GC or VM pause) for longer than the lease:
@@ -423,6 +444,12 @@ async fn hold(ctx: &Arc<Ctx>, guard: LockGuard, client: usize, ttl: Duration, rn
         )
         .await;
     }
+    if seen_lost && !lease.is_lost() {
+        ctx.violation(format!(
+            "lease: client {client}: is_lost() of fence {} went back to false after its release",
+            lease.fence()
+        ));
+    }
     if lease.is_held() {
         ctx.violation(format!(
             "lease: client {client}: is_held() of fence {} after its guard was let go",
@@ -448,7 +475,7 @@ async fn annotated(
         ctx.violation("attribute: no current lease inside an annotated body".into());
         return Ok(());
     };
-    let id = ctx.hold(&lease, client);
+    let id = ctx.hold(&lease, client, true);
     let _let_go = LetGo {
         ctx: ctx.clone(),
         id,

@@ -27,6 +27,8 @@ pub struct NetFaults {
     pub lost_reply: u64,
     /// The request never arrives (the call did not take effect).
     pub dropped_request: u64,
+    /// The reply takes up to 90% of the client's timeout.
+    pub sluggish_reply: u64,
     /// One-way latency is uniform in `[0, max_latency)`.
     pub max_latency: Duration,
 }
@@ -201,6 +203,7 @@ impl World {
             fence,
             client,
             at: now,
+            sent: r.sent,
             ttl: r.ttl,
             min_hold: r.min_hold,
         });
@@ -348,6 +351,15 @@ impl World {
         } else if roll < self.net.dropped_request + self.net.lost_reply + self.net.slow_reply {
             back += self.timeout;
             fate = Fate::Slow;
+        } else if roll
+            < self.net.dropped_request
+                + self.net.lost_reply
+                + self.net.slow_reply
+                + self.net.sluggish_reply
+        {
+            let timeout_us = u64::try_from(self.timeout.as_micros()).unwrap_or(1);
+            back = Duration::from_micros(self.rng.below(timeout_us * 9 / 10));
+            fate = Fate::Sluggish;
         }
         Plan { there, back, fate }
     }
@@ -356,6 +368,7 @@ impl World {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
     Normal,
+    Sluggish,
     Slow,
     Dropped,
     LostReply,
@@ -377,6 +390,7 @@ struct OwnedAcquire {
     ttl: Duration,
     min_hold: Duration,
     once: bool,
+    sent: Instant,
 }
 
 struct OwnedRelease {
@@ -445,6 +459,7 @@ impl SimStore {
                         return;
                     }
                     Fate::Slow => w.history.fault(Some(client), now, FaultKind::SlowReply),
+                    Fate::Sluggish => w.history.fault(Some(client), now, FaultKind::Sluggish),
                     _ => {}
                 }
                 answer
@@ -483,6 +498,7 @@ impl LockStore for SimStore {
             ttl: r.ttl,
             min_hold: r.min_hold,
             once: r.once,
+            sent: Instant::now(),
         };
         let client = self.client;
         let what = format!(
