@@ -185,6 +185,12 @@ pub struct AcquireRequest<'a> {
 /// restarts of the store where it has any; at most one live record per lock; a release or
 /// renewal with a token that is not the record's changes nothing of the record; a release
 /// that frees the lock wakes every [`ReleaseWatch`] of it.
+///
+/// Order: the runtime gives back a grant it could not hand out (the caller gave up, the
+/// answer came too late or never) with a release sent *after* the acquire. The store must
+/// apply that release after the acquire, as one connection does; a store whose calls can
+/// overtake one another (a pool of connections) must order them per lock, or such a grant
+/// stays taken by nobody until its ttl.
 pub trait LockStore: Send + Sync + 'static {
     /// Creates the record if the lock is free (no live record), with a fence greater than
     /// every fence this lock had before, and answers [`AcquireOutcome::Acquired`]. Otherwise
