@@ -314,7 +314,9 @@ impl LockRuntimeBuilder {
                 ));
             }
             Some(StoreChoice::Memory(store)) => Backend::Memory(store),
-            Some(StoreChoice::Custom(store)) => Backend::Custom(store),
+            Some(StoreChoice::Custom(store)) => {
+                Backend::Custom(store.with_timeout(command_timeout))
+            }
             Some(StoreChoice::Redlock(urls)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
                 check_ttl("node_timeout", node_timeout)?;

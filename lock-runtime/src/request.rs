@@ -350,9 +350,31 @@ impl LockRequest {
         // SUBSCRIBE round trip. Subscribed before the next attempt, so a release between the
         // attempt and the wait is not missed.
         let mut backoff = Duration::ZERO;
-        let watch = match &mut *turn {
-            Some(watch) => watch,
-            slot => slot.insert(self.runtime.inner.backend.watch_releases(&names).await?),
+        // A subscribe the store cannot answer now is retried like an attempt: a waiter rides
+        // out an unreachable store until its deadline.
+        while turn.is_none() {
+            match self.runtime.inner.backend.watch_releases(&names).await {
+                Ok(watch) => *turn = Some(watch),
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(key = %names.key, error = %e, "cannot watch for releases yet; retrying");
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(self.wait_timeout(started));
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                    let mut wake = now + backoff;
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        backoff = Duration::ZERO;
+        let Some(watch) = turn.as_mut() else {
+            return Err(BackendError::new("the release watch vanished while waiting").into());
         };
         loop {
             let notified = watch.notify.notified();

@@ -80,6 +80,7 @@ impl KeyNames {
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcquireOutcome {
     /// The lock is ours.
     Acquired {
@@ -100,6 +101,7 @@ pub enum AcquireOutcome {
 
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReleaseOutcome {
     /// The record is gone and waiters were told.
     Released,
@@ -111,6 +113,7 @@ pub enum ReleaseOutcome {
 
 /// What a renewal found for one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Renewal {
     /// Renewed: the record is ours and lives on.
     Renewed,
@@ -132,6 +135,7 @@ impl From<bool> for Renewal {
 
 /// One lease to renew.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ExtendItem {
     /// The lock's record ([`KeyNames::record`]).
     pub record: String,
@@ -143,6 +147,7 @@ pub struct ExtendItem {
 
 /// A lock record as `inspect` reports it, before the runtime turns it into `LockInfo`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RecordView {
     /// The owner name the holder's runtime acquired with.
     pub owner: String,
@@ -154,8 +159,27 @@ pub struct RecordView {
     pub held_for: Duration,
 }
 
+impl RecordView {
+    /// A record held by `owner` with `fence`, expiring in `remaining` (None: no expiry known),
+    /// acquired `held_for` ago.
+    pub fn new(
+        owner: impl Into<String>,
+        fence: u64,
+        remaining: Option<Duration>,
+        held_for: Duration,
+    ) -> Self {
+        RecordView {
+            owner: owner.into(),
+            fence,
+            remaining,
+            held_for,
+        }
+    }
+}
+
 /// One acquire, as the runtime asks a [`LockStore`] for it.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct AcquireRequest<'a> {
     /// The lock's names.
     pub names: &'a KeyNames,
@@ -174,12 +198,17 @@ pub struct AcquireRequest<'a> {
 /// A store the runtime can lock in: implement this to add one, and plug it in with
 /// [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store).
 ///
-/// Every call acts on the store atomically, on the store's clock, and may be retried by the
-/// runtime only where the text below says so. A call that fails must say nothing it does not
-/// know: `Err` means "maybe applied, maybe not", and the runtime treats it that way (an acquire
-/// that failed is released in the background with its token, which is harmless if it never
-/// landed). Use [`BackendError::transient`](crate::BackendError::transient) for failures a
-/// retry may cure. Calls should bound their own time; the runtime also bounds them.
+/// Every call acts on the store atomically, on the store's clock. A call that fails must say
+/// nothing it does not know: `Err` means "maybe applied, maybe not", and the runtime treats it
+/// that way (an acquire that failed is released in the background with its token, which is
+/// harmless if it never landed). Fail with [`LockError::Backend`]:
+/// [`BackendError::transient`](crate::BackendError::transient) for what a retry may cure (no
+/// answer, a broken connection), which waiters ride out until their deadline and the watchdog
+/// retries until the lease's validity ends; [`BackendError::new`](crate::BackendError::new)
+/// for the rest, which ends the caller's call. The runtime bounds every call by the builder's
+/// `command_timeout` (a call cut off counts as transient); calls should bound their own time
+/// too. The runtime calls `acquire` again only with a fresh token, and `extend` again for the
+/// same leases.
 ///
 /// The promises the runtime builds on (DESIGN §5): fences strictly increase per lock, across
 /// restarts of the store where it has any; at most one live record per lock; a release or
@@ -207,8 +236,9 @@ pub trait LockStore: Send + Sync + 'static {
     /// passed, keeps it until then under a value no token matches
     /// ([`ReleaseOutcome::KeptForMinHold`]). Any other token changes nothing
     /// ([`ReleaseOutcome::NotOwner`]). When `done_retention` is set, the `once` marker is
-    /// written for that long whatever the token (the runtime writes a marker alone with the
-    /// token `""`).
+    /// written for that long whatever the token, in the same atomic step as the release (a
+    /// marker written apart from it can let the job run twice); the runtime writes a marker
+    /// alone with the token `""`.
     fn release(
         &self,
         names: &KeyNames,
@@ -232,7 +262,10 @@ pub trait LockStore: Send + Sync + 'static {
 
     /// Starts watching the lock's releases. Resolves once the watch is live: a release that
     /// frees the lock after this returns must wake it (a [`ReleaseHub`] does the fan-out).
-    /// A watch may also wake without a release; the runtime then just tries again.
+    /// A store whose subscription broke and came back must wake every watch
+    /// ([`ReleaseHub::notify_all`]), since releases may have passed meanwhile. A watch may
+    /// also wake without a release; the runtime then just tries again, and without any wake
+    /// it still retries when the holder's ttl runs out.
     fn watch_releases(
         &self,
         names: &KeyNames,
@@ -278,12 +311,35 @@ impl<S: LockStore> DynStore for S {
     }
 }
 
-/// A store plugged in through [`LockStore`].
-pub(crate) struct CustomStore(Box<dyn DynStore>);
+/// A store plugged in through [`LockStore`], each call bounded by the command timeout.
+pub(crate) struct CustomStore {
+    store: Box<dyn DynStore>,
+    timeout: Duration,
+}
 
 impl CustomStore {
     pub(crate) fn new(store: impl LockStore) -> Self {
-        CustomStore(Box::new(store))
+        CustomStore {
+            store: Box::new(store),
+            timeout: crate::config::DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Bounds every call by `timeout` (the builder's command timeout).
+    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn bounded<T>(&self, what: &str, call: StoreFuture<'_, T>) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(crate::BackendError::transient(format!(
+                "the store did not answer {what} within the command timeout ({:?})",
+                self.timeout
+            ))
+            .into()),
+        }
     }
 }
 
@@ -319,15 +375,15 @@ impl Backend {
             Backend::Redlock(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
             Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold, once)),
             Backend::Custom(c) => {
-                c.0.acquire(AcquireRequest {
+                let request = AcquireRequest {
                     names,
                     token,
                     owner,
                     ttl,
                     min_hold,
                     once,
-                })
-                .await
+                };
+                c.bounded("an acquire", c.store.acquire(request)).await
             }
         }
     }
@@ -342,7 +398,10 @@ impl Backend {
             Backend::Redis(r) => r.release(names, token, done_retention).await,
             Backend::Redlock(r) => r.release(names, token, done_retention).await,
             Backend::Memory(m) => Ok(m.release(names, token, done_retention)),
-            Backend::Custom(c) => c.0.release(names, token, done_retention).await,
+            Backend::Custom(c) => {
+                c.bounded("a release", c.store.release(names, token, done_retention))
+                    .await
+            }
         }
     }
 
@@ -370,7 +429,7 @@ impl Backend {
                 .map(Renewal::from)
                 .collect()),
             Backend::Memory(m) => Ok(m.extend(items).into_iter().map(Renewal::from).collect()),
-            Backend::Custom(c) => c.0.extend(items).await,
+            Backend::Custom(c) => c.bounded("a renewal", c.store.extend(items)).await,
         }
     }
 
@@ -379,7 +438,7 @@ impl Backend {
             Backend::Redis(r) => r.inspect(names).await,
             Backend::Redlock(r) => r.inspect(names).await,
             Backend::Memory(m) => Ok(m.inspect(names)),
-            Backend::Custom(c) => c.0.inspect(names).await,
+            Backend::Custom(c) => c.bounded("an inspect", c.store.inspect(names)).await,
         }
     }
 
@@ -390,7 +449,7 @@ impl Backend {
             Backend::Redis(r) => r.watch_releases(names).await,
             Backend::Redlock(r) => r.watch_releases(names).await,
             Backend::Memory(m) => Ok(m.watch_releases(names)),
-            Backend::Custom(c) => c.0.watch_releases(names).await,
+            Backend::Custom(c) => c.bounded("a watch", c.store.watch_releases(names)).await,
         }
     }
 }

@@ -69,6 +69,16 @@ impl Hold {
     }
 }
 
+/// One injected fault: of the store (`client` None), of a client, or of one call of a client
+/// (`tokens`: the leases the call was about).
+#[derive(Debug, Clone)]
+struct Fault {
+    client: Option<usize>,
+    at: Instant,
+    kind: FaultKind,
+    tokens: Vec<String>,
+}
+
 #[derive(Debug, Clone)]
 struct Storage {
     fence: u64,
@@ -82,8 +92,9 @@ pub struct History {
     grants: Vec<Grant>,
     grant_of: BTreeMap<String, usize>,
     freed: BTreeMap<String, Instant>,
-    failover_hit: BTreeSet<String>,
-    faults: Vec<(Option<usize>, Instant, FaultKind)>,
+    /// Leases a failover hit: when, and when a renewal found their record whole again.
+    failover_hit: BTreeMap<String, (Instant, Option<Instant>)>,
+    faults: Vec<Fault>,
     holds: Vec<Hold>,
     storage: BTreeMap<String, Storage>,
     /// Writes refused by the fenced storage although their holder believed its lease valid.
@@ -104,7 +115,7 @@ impl History {
             grants: Vec::new(),
             grant_of: BTreeMap::new(),
             freed: BTreeMap::new(),
-            failover_hit: BTreeSet::new(),
+            failover_hit: BTreeMap::new(),
             faults: Vec::new(),
             holds: Vec::new(),
             storage: BTreeMap::new(),
@@ -134,13 +145,44 @@ impl History {
         self.freed.entry(token.to_owned()).or_insert(at);
     }
 
-    pub(super) fn failover_hit(&mut self, token: &str, _key: &str) {
-        self.failover_hit.insert(token.to_owned());
+    pub(super) fn failover_hit(&mut self, token: &str, at: Instant) {
+        self.failover_hit.insert(token.to_owned(), (at, None));
     }
 
-    /// Notes a fault (`client` None: the whole store).
+    /// A renewal of `token` succeeded: a failover's damage to its record is repaired.
+    pub(super) fn renewed(&mut self, token: &str, at: Instant) {
+        if let Some((_, healed @ None)) = self.failover_hit.get_mut(token) {
+            *healed = Some(at);
+        }
+    }
+
+    /// True when a failover had damaged `token`'s record at `at` (and no renewal had repaired
+    /// it yet): what follows from that, no lease can survive.
+    fn failover_excuses(&self, token: &str, at: Instant) -> bool {
+        self.failover_hit
+            .get(token)
+            .is_some_and(|(hit, healed)| *hit <= at && healed.is_none_or(|h| at < h))
+    }
+
+    /// Notes a fault of the whole store (`client` None) or of one client.
     pub fn fault(&mut self, client: Option<usize>, at: Instant, kind: FaultKind) {
-        self.faults.push((client, at, kind));
+        self.call_fault(client, at, kind, Vec::new());
+    }
+
+    /// Notes a fault of one call, which carried `tokens`.
+    pub fn call_fault(
+        &mut self,
+        client: Option<usize>,
+        at: Instant,
+        kind: FaultKind,
+        tokens: Vec<String>,
+    ) {
+        self.faults.push(Fault {
+            client,
+            at,
+            kind,
+            tokens,
+        });
     }
 
     /// A holder got its lease: returns the hold's number.
@@ -226,6 +268,13 @@ impl History {
         accepted
     }
 
+    /// True when the store or `client` had a fault in `[from, to]`.
+    pub fn disturbed(&self, client: usize, from: Instant, to: Instant) -> bool {
+        self.faults
+            .iter()
+            .any(|f| f.at >= from && f.at <= to && f.client.is_none_or(|c| c == client))
+    }
+
     /// A violation seen while running.
     pub fn violation(&mut self, what: String) {
         self.violations.push(what);
@@ -264,8 +313,8 @@ impl History {
             violations: self.violations.clone(),
             ..Verdict::default()
         };
-        for (_, _, kind) in &self.faults {
-            *verdict.faults.entry(*kind).or_default() += 1;
+        for f in &self.faults {
+            *verdict.faults.entry(f.kind).or_default() += 1;
         }
         self.check_exclusion(run_end, &mut verdict);
         self.check_fences(&mut verdict);
@@ -290,12 +339,26 @@ impl History {
             if valid_until < h.from + g.ttl / 4 {
                 continue; // answered too late for a renewal to make it in time
             }
-            // Any fault from the grant on counts, except the acquire's own sluggish reply,
-            // whose cost the test above has weighed.
-            let disturbed = self.faults.iter().any(|(client, at, kind)| {
-                (*at > g.at || (*at == g.at && *kind != FaultKind::Sluggish))
-                    && *at <= lost_at
-                    && (client.is_none() || *client == Some(h.client))
+            // What can end a renewed lease: a failover, its instance cut off, paused or shut
+            // down, or a fault of a call about this very lease (its renewal), except the
+            // acquire's own sluggish reply, whose cost the test above has weighed.
+            let disturbed = self.faults.iter().any(|f| {
+                let about_it = f.tokens.contains(&h.token);
+                f.at <= lost_at
+                    && (f.at > g.at || (about_it && f.kind != FaultKind::Sluggish))
+                    && match f.client {
+                        None => f.kind == FaultKind::Failover,
+                        Some(c) => {
+                            c == h.client
+                                && (about_it
+                                    || matches!(
+                                        f.kind,
+                                        FaultKind::Partition
+                                            | FaultKind::Pause
+                                            | FaultKind::Shutdown
+                                    ))
+                        }
+                    }
             });
             if !disturbed {
                 verdict.violations.push(format!(
@@ -324,9 +387,14 @@ impl History {
                     if a.token == h.token || h.end(run_end) <= h.from {
                         continue;
                     }
-                    // The older grant is the one a failover can have lost.
-                    let older = if a.fence < h.fence { a } else { &h };
-                    if self.failover_hit.contains(&older.token) {
+                    // The older grant is the one a failover can have lost, and the newer
+                    // one must have come while its record was damaged.
+                    let (older, newer) = if a.fence < h.fence { (*a, h) } else { (h, *a) };
+                    let newer_granted = self
+                        .grant_of
+                        .get(&newer.token)
+                        .map_or(newer.from, |&i| self.grants[i].at);
+                    if self.failover_excuses(&older.token, newer_granted) {
                         *verdict
                             .excused
                             .entry("overlap after a failover lost the record or its renewal")
@@ -350,7 +418,7 @@ impl History {
             }
         }
         for (key, token, at) in &self.stale_valid_writes {
-            if self.failover_hit.contains(token) {
+            if self.failover_excuses(token, *at) {
                 *verdict
                     .excused
                     .entry("write refused by the fence after a failover")
@@ -410,17 +478,23 @@ impl History {
             if gone <= g.at + bound.max(g.min_hold) {
                 continue;
             }
-            let excused = self.faults.iter().any(|(client, at, kind)| {
-                *at >= g.at
-                    && *at <= g.at + bound
-                    && (client.is_none() || *client == Some(g.client))
-                    && matches!(
-                        kind,
-                        FaultKind::Unreachable
-                            | FaultKind::DroppedRequest
-                            | FaultKind::Partition
-                            | FaultKind::Failover
-                    )
+            // Only what kept the give-back from landing: a failover, the instance cut off,
+            // or the release of this very token lost on the way.
+            let excused = self.faults.iter().any(|f| {
+                f.at >= g.at
+                    && f.at <= g.at + bound
+                    && match f.client {
+                        None => f.kind == FaultKind::Failover,
+                        Some(c) => {
+                            c == g.client
+                                && (matches!(f.kind, FaultKind::Partition | FaultKind::Pause)
+                                    || (f.tokens.contains(&g.token)
+                                        && matches!(
+                                            f.kind,
+                                            FaultKind::Unreachable | FaultKind::DroppedRequest
+                                        )))
+                        }
+                    }
             });
             if excused {
                 *verdict
@@ -486,9 +560,11 @@ impl History {
                 ));
             }
         }
-        for (client, at, kind) in &self.faults {
-            let who = client.map_or("store".to_owned(), |c| format!("client {c}"));
-            lines.push((*at, format!("fault: {kind:?} ({who})")));
+        for f in &self.faults {
+            let who = f
+                .client
+                .map_or("store".to_owned(), |c| format!("client {c}"));
+            lines.push((f.at, format!("fault: {:?} ({who})", f.kind)));
         }
         for (at, line) in &self.calls {
             lines.push((*at, line.clone()));

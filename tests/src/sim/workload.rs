@@ -102,6 +102,8 @@ struct Ctx {
     world: Arc<Mutex<World>>,
     keys: u64,
     stop: AtomicBool,
+    /// No network faults and no failovers: every store call is answered in time.
+    calm: bool,
 }
 
 impl Ctx {
@@ -210,6 +212,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
         world: world.clone(),
         keys,
         stop: AtomicBool::new(false),
+        calm,
     });
     let mut runtimes = Vec::new();
     for client in 0..clients {
@@ -223,7 +226,10 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             .await
         {
             Ok(rt) => runtimes.push((rt, grace)),
-            Err(e) => ctx.violation(format!("build: {e}")),
+            Err(e) => {
+                ctx.violation(format!("build: {e}"));
+                return report(seed, &ctx, Instant::now());
+            }
         }
     }
     let mut workers = Vec::new();
@@ -270,7 +276,11 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
     }
     // Let the background releases and the runtimes' tasks finish.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let run_end = Instant::now();
+    report(seed, &ctx, Instant::now())
+}
+
+/// Checks the history of the run that ended at `run_end`.
+fn report(seed: u64, ctx: &Ctx, run_end: Instant) -> SimReport {
     let world = ctx.world();
     let verdict = world.history.check(run_end, 3 * TIMEOUT + ms(50));
     let story = verdict
@@ -345,7 +355,9 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
             request = request.max_hold(ttl * (1 + rng.below(4) as u32));
             renewed = false;
         }
-        let got = if rng.below(2) == 0 {
+        let started = Instant::now();
+        let waits = rng.below(2) == 1;
+        let got = if !waits {
             within(
                 &ctx,
                 client,
@@ -369,7 +381,37 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
         match got {
             None | Some(Err(LockError::Shutdown)) => return,
             Some(Ok(Some(guard))) => hold(&ctx, guard, client, ttl, renewed, &mut rng).await,
-            Some(Ok(None) | Err(_)) => tokio::time::sleep(ms(1 + rng.below(20))).await,
+            Some(Err(e)) => {
+                // A waiter rides out a store it cannot reach (every simulated failure is
+                // transient) until its deadline: it ends in a guard, WaitTimeout or Shutdown.
+                if waits && !matches!(e, LockError::WaitTimeout { .. }) {
+                    ctx.violation(format!(
+                        "liveness: key {key}: client {client}: acquire_timeout gave up before its deadline on a transient error: {e}"
+                    ));
+                }
+                // With every call answered in time, an acquire fails only by its deadline or
+                // the shutdown; anything else needs a fault of this instance (a pause) to
+                // explain it. Pauses last at most 2.2 s.
+                if ctx.calm && !matches!(e, LockError::WaitTimeout { .. }) {
+                    let now = Instant::now();
+                    let explained = ctx.history(|h| {
+                        h.disturbed(
+                            client,
+                            started
+                                .checked_sub(Duration::from_secs(3))
+                                .unwrap_or(started),
+                            now,
+                        )
+                    });
+                    if !explained {
+                        ctx.violation(format!(
+                            "liveness: key {key}: client {client}: an acquire failed with every call answered in time: {e}"
+                        ));
+                    }
+                }
+                tokio::time::sleep(ms(1 + rng.below(20))).await;
+            }
+            Some(Ok(None)) => tokio::time::sleep(ms(1 + rng.below(20))).await,
         }
     }
 }

@@ -38,7 +38,6 @@ pub const CLOCK_BOUND_US: i64 = 2_000;
 
 #[derive(Debug, Clone)]
 struct Rec {
-    key: String,
     token: String,
     owner: String,
     fence: u64,
@@ -185,7 +184,6 @@ impl World {
         let counter = self.master.counters.get(&r.fence).copied().unwrap_or(0);
         let fence = (counter + 1).max(self.node_time_us(now));
         let rec = Rec {
-            key: r.key.clone(),
             token: r.token.clone(),
             owner: r.owner.clone(),
             fence,
@@ -253,6 +251,7 @@ impl World {
             };
             answers.push(Renewal::from(renewed.is_some()));
             if let Some(rec) = renewed {
+                self.history.renewed(&item.token, now);
                 self.ship(now, Write::Record(item.record.clone(), Some(rec)));
             }
         }
@@ -260,11 +259,13 @@ impl World {
     }
 
     fn inspect(&mut self, record: &str, now: Instant) -> Option<RecordView> {
-        self.master.live(record, now).map(|r| RecordView {
-            owner: r.owner.clone(),
-            fence: r.fence,
-            remaining: Some(r.expires_at - now),
-            held_for: now - r.acquired_at,
+        self.master.live(record, now).map(|r| {
+            RecordView::new(
+                r.owner.clone(),
+                r.fence,
+                Some(r.expires_at - now),
+                now - r.acquired_at,
+            )
         })
     }
 
@@ -283,7 +284,7 @@ impl World {
                 .get(name)
                 .is_some_and(|r| r.token == rec.token && r.expires_at >= rec.expires_at);
             if !kept {
-                self.history.failover_hit(&rec.token, &rec.key);
+                self.history.failover_hit(&rec.token, now);
             }
         }
         let offset = self.draw_offset();
@@ -420,6 +421,7 @@ impl SimStore {
     async fn call<T: Send + std::fmt::Debug + 'static>(
         &self,
         what: String,
+        tokens: Vec<String>,
         op: impl FnOnce(&mut World, Instant) -> T + Send + 'static,
     ) -> Result<T, LockError> {
         let sent = Instant::now();
@@ -439,12 +441,13 @@ impl SimStore {
             let answer = {
                 let mut w = lock(&world);
                 if !w.reachable(client, now) {
-                    w.history.fault(Some(client), now, FaultKind::Unreachable);
+                    w.history
+                        .call_fault(Some(client), now, FaultKind::Unreachable, tokens);
                     return;
                 }
                 if plan.fate == Fate::Dropped {
                     w.history
-                        .fault(Some(client), now, FaultKind::DroppedRequest);
+                        .call_fault(Some(client), now, FaultKind::DroppedRequest, tokens);
                     return;
                 }
                 w.replicate(now);
@@ -453,14 +456,17 @@ impl SimStore {
                     let line = format!("client {client}: {what} -> {answer:?}");
                     w.history.trace(now, line);
                 }
-                match plan.fate {
-                    Fate::LostReply => {
-                        w.history.fault(Some(client), now, FaultKind::LostReply);
-                        return;
-                    }
-                    Fate::Slow => w.history.fault(Some(client), now, FaultKind::SlowReply),
-                    Fate::Sluggish => w.history.fault(Some(client), now, FaultKind::Sluggish),
-                    _ => {}
+                let kind = match plan.fate {
+                    Fate::LostReply => Some(FaultKind::LostReply),
+                    Fate::Slow => Some(FaultKind::SlowReply),
+                    Fate::Sluggish => Some(FaultKind::Sluggish),
+                    Fate::Normal | Fate::Dropped => None,
+                };
+                if let Some(kind) = kind {
+                    w.history.call_fault(Some(client), now, kind, tokens);
+                }
+                if plan.fate == Fate::LostReply {
+                    return;
                 }
                 answer
             };
@@ -506,7 +512,8 @@ impl LockStore for SimStore {
             owned.key,
             &owned.token[..6.min(owned.token.len())]
         );
-        self.call(what, move |w, now| w.acquire(client, &owned, now))
+        let tokens = vec![owned.token.clone()];
+        self.call(what, tokens, move |w, now| w.acquire(client, &owned, now))
             .await
     }
 
@@ -528,18 +535,22 @@ impl LockStore for SimStore {
             owned.record,
             &owned.token[..6.min(owned.token.len())]
         );
-        self.call(what, move |w, now| w.release(&owned, now)).await
+        let tokens = vec![owned.token.clone()];
+        self.call(what, tokens, move |w, now| w.release(&owned, now))
+            .await
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         let items = items.to_vec();
         let what = format!("extend {} items", items.len());
-        self.call(what, move |w, now| w.extend(&items, now)).await
+        let tokens = items.iter().map(|i| i.token.clone()).collect();
+        self.call(what, tokens, move |w, now| w.extend(&items, now))
+            .await
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         let record = names.record().to_owned();
-        self.call(format!("inspect {record}"), move |w, now| {
+        self.call(format!("inspect {record}"), Vec::new(), move |w, now| {
             w.inspect(&record, now)
         })
         .await
@@ -550,8 +561,12 @@ impl LockStore for SimStore {
         // has it is missed; an extra wake-up is harmless.
         let hub = lock(&self.world).hubs[self.client].clone();
         let watch = hub.subscribe(names.channel());
-        self.call(format!("subscribe {}", names.channel()), |_, _| ())
-            .await?;
+        self.call(
+            format!("subscribe {}", names.channel()),
+            Vec::new(),
+            |_, _| (),
+        )
+        .await?;
         Ok(watch)
     }
 }
