@@ -357,17 +357,7 @@ impl LockRequest {
                 Ok(watch) => *turn = Some(watch),
                 Err(e) if e.is_transient() => {
                     tracing::debug!(key = %names.key, error = %e, "cannot watch for releases yet; retrying");
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        return Err(self.wait_timeout(started));
-                    }
-                    backoff =
-                        (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-                    let mut wake = now + backoff;
-                    if let Some(d) = deadline {
-                        wake = wake.min(d);
-                    }
-                    tokio::time::sleep_until(wake).await;
+                    self.back_off(&mut backoff, deadline, started).await?;
                 }
                 Err(e) => return Err(e),
             }
@@ -386,17 +376,7 @@ impl LockRequest {
                 // waiting, retrying with a growing pause, until its deadline.
                 Err(e) if e.is_transient() => {
                     tracing::debug!(key = %names.key, error = %e, "store unreachable while waiting; retrying");
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        return Err(self.wait_timeout(started));
-                    }
-                    backoff =
-                        (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-                    let mut wake = now + backoff;
-                    if let Some(d) = deadline {
-                        wake = wake.min(d);
-                    }
-                    tokio::time::sleep_until(wake).await;
+                    self.back_off(&mut backoff, deadline, started).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -430,6 +410,27 @@ impl LockRequest {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+
+    /// After a transient store error while waiting: sleeps a growing pause (50 ms doubling
+    /// to 1 s), cut short by the deadline; `WaitTimeout` once the deadline has passed.
+    async fn back_off(
+        &self,
+        backoff: &mut Duration,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<(), LockError> {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Err(self.wait_timeout(started));
+        }
+        *backoff = (*backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut wake = now + *backoff;
+        if let Some(d) = deadline {
+            wake = wake.min(d);
+        }
+        tokio::time::sleep_until(wake).await;
+        Ok(())
     }
 
     fn wait_timeout(&self, started: Instant) -> LockError {
