@@ -220,6 +220,142 @@ pub struct AcquireRequest<'a> {
 /// apply that release after the acquire, as one connection does; a store whose calls can
 /// overtake one another (a pool of connections) must order them per lock, or such a grant
 /// stays taken by nobody until its ttl.
+///
+/// # Example
+///
+/// A store in this process's memory (what [`MemoryStore`](crate::MemoryStore) does, in
+/// brief), plugged into a runtime:
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex, MutexGuard};
+/// use std::time::Duration;
+///
+/// use lock_runtime::store::{
+///     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+///     ReleaseOutcome, ReleaseWatch, Renewal,
+/// };
+/// use lock_runtime::{LockError, LockRuntime};
+/// use tokio::time::Instant;
+///
+/// struct Record {
+///     token: String,
+///     owner: String,
+///     fence: u64,
+///     since: Instant,
+///     keep_until: Instant, // min_hold
+///     until: Instant,      // expiry
+/// }
+///
+/// #[derive(Default)]
+/// struct State {
+///     records: HashMap<String, Record>,
+///     done: HashMap<String, Instant>,
+///     last_fence: u64, // one counter for every lock: a fence is never reused
+/// }
+///
+/// #[derive(Default)]
+/// struct MapStore {
+///     state: Mutex<State>,
+///     hub: Arc<ReleaseHub>,
+/// }
+///
+/// impl MapStore {
+///     fn state(&self) -> MutexGuard<'_, State> {
+///         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+///     }
+/// }
+///
+/// impl LockStore for MapStore {
+///     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+///         let now = Instant::now();
+///         let mut s = self.state();
+///         if let Some(&until) = s.done.get(r.names.done())
+///             && r.once
+///             && until > now
+///         {
+///             return Ok(AcquireOutcome::Done { pttl: Some(until - now) });
+///         }
+///         if let Some(held) = s.records.get(r.names.record())
+///             && held.until > now
+///         {
+///             return Ok(AcquireOutcome::Held { pttl: Some(held.until - now) });
+///         }
+///         s.last_fence += 1;
+///         let fence = s.last_fence;
+///         let record = Record {
+///             token: r.token.to_owned(),
+///             owner: r.owner.to_owned(),
+///             fence,
+///             since: now,
+///             keep_until: now + r.min_hold,
+///             until: now + r.ttl,
+///         };
+///         s.records.insert(r.names.record().to_owned(), record);
+///         Ok(AcquireOutcome::Acquired { fence })
+///     }
+///
+///     async fn release(
+///         &self,
+///         names: &KeyNames,
+///         token: &str,
+///         done_retention: Option<Duration>,
+///     ) -> Result<ReleaseOutcome, LockError> {
+///         let now = Instant::now();
+///         let mut s = self.state();
+///         if let Some(retention) = done_retention {
+///             s.done.insert(names.done().to_owned(), now + retention);
+///         }
+///         match s.records.get_mut(names.record()) {
+///             Some(rec) if rec.token == token && rec.until > now => {
+///                 if rec.keep_until > now {
+///                     rec.until = rec.until.min(rec.keep_until);
+///                     rec.token = "released".to_owned(); // no token: those are 32 hex digits
+///                     return Ok(ReleaseOutcome::KeptForMinHold);
+///                 }
+///                 s.records.remove(names.record());
+///                 drop(s);
+///                 self.hub.notify(names.channel());
+///                 Ok(ReleaseOutcome::Released)
+///             }
+///             _ => Ok(ReleaseOutcome::NotOwner),
+///         }
+///     }
+///
+///     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+///         let now = Instant::now();
+///         let mut s = self.state();
+///         let mut renew = |item: &ExtendItem| match s.records.get_mut(&item.record) {
+///             Some(rec) if rec.token == item.token && rec.until > now => {
+///                 rec.until = rec.until.max(now + item.ttl);
+///                 Renewal::Renewed
+///             }
+///             _ => Renewal::NotOurs,
+///         };
+///         Ok(items.iter().map(&mut renew).collect())
+///     }
+///
+///     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+///         let now = Instant::now();
+///         let s = self.state();
+///         let live = s.records.get(names.record()).filter(|r| r.until > now);
+///         Ok(live.map(|r| RecordView::new(&r.owner, r.fence, Some(r.until - now), now - r.since)))
+///     }
+///
+///     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+///         Ok(self.hub.subscribe(names.channel()))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let runtime = LockRuntime::builder().store(MapStore::default()).build().await?;
+/// let guard = runtime.lock("report").try_acquire().await?.expect("the lock is free");
+/// assert!(runtime.lock("report").try_acquire().await?.is_none(), "held");
+/// assert!(guard.release().await?);
+/// assert!(runtime.lock("report").try_acquire().await?.is_some(), "free again");
+/// # Ok(()) }
+/// ```
 pub trait LockStore: Send + Sync + 'static {
     /// Creates the record if the lock is free (no live record), with a fence greater than
     /// every fence this lock had before, and answers [`AcquireOutcome::Acquired`]. Otherwise
