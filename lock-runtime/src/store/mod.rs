@@ -223,7 +223,7 @@ pub struct AcquireRequest<'a> {
 ///
 /// # Example
 ///
-/// A store in this process's memory (what [`MemoryStore`](crate::MemoryStore) does, in
+/// A store in this process's memory (what [`MemoryStore`] does, in
 /// brief), plugged into a runtime:
 ///
 /// ```
