@@ -352,19 +352,22 @@ impl LockRequest {
         let mut backoff = Duration::ZERO;
         // A subscribe the store cannot answer now is retried like an attempt: a waiter rides
         // out an unreachable store until its deadline.
-        while turn.is_none() {
-            match self.runtime.inner.backend.watch_releases(&names).await {
-                Ok(watch) => *turn = Some(watch),
-                Err(e) if e.is_transient() => {
-                    tracing::debug!(key = %names.key, error = %e, "cannot watch for releases yet; retrying");
-                    self.back_off(&mut backoff, deadline, started).await?;
-                }
-                Err(e) => return Err(e),
+        let watch = match &mut *turn {
+            Some(watch) => watch,
+            slot => {
+                let watch = loop {
+                    match self.runtime.inner.backend.watch_releases(&names).await {
+                        Ok(watch) => break watch,
+                        Err(e) if e.is_transient() => {
+                            tracing::debug!(key = %names.key, error = %e, "cannot watch for releases yet; retrying");
+                            self.back_off(&mut backoff, deadline, started).await?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                backoff = Duration::ZERO;
+                slot.insert(watch)
             }
-        }
-        backoff = Duration::ZERO;
-        let Some(watch) = turn.as_mut() else {
-            return Err(BackendError::new("the release watch vanished while waiting").into());
         };
         loop {
             let notified = watch.notify.notified();

@@ -230,7 +230,7 @@ impl MemoryStore {
         outcome
     }
 
-    pub(crate) fn extend(&self, items: &[ExtendItem]) -> Vec<bool> {
+    pub(crate) fn extend(&self, items: &[ExtendItem]) -> Vec<Renewal> {
         let now = Instant::now();
         let mut state = self.state();
         items
@@ -238,9 +238,9 @@ impl MemoryStore {
             .map(|item| match state.live(&item.record, now) {
                 Some(r) if r.token == item.token => {
                     r.expires_at = r.expires_at.max(now + item.ttl);
-                    true
+                    Renewal::Renewed
                 }
-                _ => false,
+                _ => Renewal::NotOurs,
             })
             .collect()
     }
@@ -280,10 +280,7 @@ impl LockStore for MemoryStore {
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        Ok(MemoryStore::extend(self, items)
-            .into_iter()
-            .map(Renewal::from)
-            .collect())
+        Ok(MemoryStore::extend(self, items))
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {

@@ -564,7 +564,7 @@ impl Backend {
                 .into_iter()
                 .map(Renewal::from)
                 .collect()),
-            Backend::Memory(m) => Ok(m.extend(items).into_iter().map(Renewal::from).collect()),
+            Backend::Memory(m) => Ok(m.extend(items)),
             Backend::Custom(c) => c.bounded("a renewal", c.store.extend(items)).await,
         }
     }
