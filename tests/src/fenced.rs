@@ -32,93 +32,147 @@ pub async fn fenced_write<C: redis::aio::ConnectionLike>(
     Ok(accepted == 1)
 }
 
-/// A counter behind a fence: a read or write whose fence is below the highest fence the
-/// counter has seen (on reads and writes) is refused, so a holder that lost its lease can
-/// neither write nor read-then-write over a newer holder. Accepted writes are logged with their
-/// fence, so the soak can check that the counter equals the accepted increments.
+/// A counter behind a fence, the storage a careful job writes to: an operation whose fence is
+/// below the highest fence the counter has seen, or equal to it from another token, is refused
+/// (DESIGN.md §5: storages compare with `>` and refuse an equal fence from another token), so a
+/// holder that lost its lease can neither write nor read-then-write over a newer holder. Reads
+/// raise the fence too. Every accepted write is logged as `fence:token`, so the soak measures
+/// from the store itself what it let through, and checks that the counter equals the accepted
+/// increments.
 pub const FENCED_READ: &str = r"
 local max = tonumber(redis.call('GET', KEYS[1]) or '0')
 local fence = tonumber(ARGV[1])
-if fence < max then
+if fence < max or (fence == max and redis.call('GET', KEYS[4]) ~= ARGV[2]) then
   redis.call('INCR', KEYS[3])
   return false
 end
-redis.call('SET', KEYS[1], fence)
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[4], ARGV[2])
 return tonumber(redis.call('GET', KEYS[2]) or '0')
 ";
 
-/// The write half of [`FENCED_READ`]: sets the counter and logs the fence.
+/// The write half of [`FENCED_READ`]: sets the counter and logs `fence:token`.
 pub const FENCED_SET: &str = r"
 local max = tonumber(redis.call('GET', KEYS[1]) or '0')
 local fence = tonumber(ARGV[1])
-if fence < max then
+if fence < max or (fence == max and redis.call('GET', KEYS[4]) ~= ARGV[2]) then
   redis.call('INCR', KEYS[3])
   return 0
 end
-redis.call('SET', KEYS[1], fence)
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('RPUSH', KEYS[4], fence)
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[4], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('RPUSH', KEYS[5], ARGV[1] .. ':' .. ARGV[2])
 return 1
 ";
 
-fn counter_keys(name: &str) -> [String; 4] {
+fn counter_keys(name: &str) -> [String; 5] {
     [
         format!("{{{name}}}:max"),
         format!("{{{name}}}:value"),
         format!("{{{name}}}:rejected"),
+        format!("{{{name}}}:max_token"),
         format!("{{{name}}}:accepted"),
     ]
 }
 
-/// Reads the counter under `fence`; `None` when the fence is stale.
+/// Reads the counter under `fence` for `token`; `None` when the fence is stale.
 pub async fn counter_read<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     name: &str,
     fence: u64,
+    token: &str,
 ) -> redis::RedisResult<Option<u64>> {
-    let [max, value, rejected, _] = counter_keys(name);
+    let [max, value, rejected, max_token, _] = counter_keys(name);
     redis::Script::new(FENCED_READ)
         .key(max)
         .key(value)
         .key(rejected)
+        .key(max_token)
         .arg(fence)
+        .arg(token)
         .invoke_async(conn)
         .await
 }
 
-/// Writes the counter under `fence`; false when the fence is stale.
+/// Writes the counter under `fence` for `token`; false when the fence is stale.
 pub async fn counter_set<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     name: &str,
     fence: u64,
+    token: &str,
     new_value: u64,
 ) -> redis::RedisResult<bool> {
-    let [max, value, rejected, accepted] = counter_keys(name);
+    let [max, value, rejected, max_token, accepted] = counter_keys(name);
     let ok: i64 = redis::Script::new(FENCED_SET)
         .key(max)
         .key(value)
         .key(rejected)
+        .key(max_token)
         .key(accepted)
         .arg(fence)
+        .arg(token)
         .arg(new_value)
         .invoke_async(conn)
         .await?;
     Ok(ok == 1)
 }
 
-/// What the counter holds: (value, fences of the accepted writes in order, refused ops).
+/// What a fenced counter holds.
+#[derive(Debug, Clone, Default)]
+pub struct CounterState {
+    /// The counter's value.
+    pub value: u64,
+    /// The accepted writes in the order the store accepted them: (fence, token).
+    pub accepted: Vec<(u64, String)>,
+    /// Operations the store refused as stale.
+    pub refused: u64,
+}
+
+impl CounterState {
+    /// Accepted writes that break the fencing promise, counted from the store's own log: a
+    /// fence below an earlier accepted one, or equal to it from another token.
+    pub fn stale_accepted(&self) -> usize {
+        let mut stale = 0;
+        let mut top: Option<&(u64, String)> = None;
+        for write in &self.accepted {
+            match top {
+                Some((fence, token))
+                    if write.0 < *fence || (write.0 == *fence && write.1 != *token) =>
+                {
+                    stale += 1
+                }
+                _ => top = Some(write),
+            }
+        }
+        stale
+    }
+}
+
+/// Reads a counter's state.
 pub async fn counter_state<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     name: &str,
-) -> redis::RedisResult<(u64, Vec<u64>, u64)> {
-    let [_, value, rejected, accepted] = counter_keys(name);
+) -> redis::RedisResult<CounterState> {
+    let [_, value, rejected, _, accepted] = counter_keys(name);
     let value: Option<u64> = redis::cmd("GET").arg(value).query_async(conn).await?;
-    let fences: Vec<u64> = redis::cmd("LRANGE")
+    let log: Vec<String> = redis::cmd("LRANGE")
         .arg(accepted)
         .arg(0)
         .arg(-1)
         .query_async(conn)
         .await?;
     let refused: Option<u64> = redis::cmd("GET").arg(rejected).query_async(conn).await?;
-    Ok((value.unwrap_or(0), fences, refused.unwrap_or(0)))
+    let accepted = log
+        .iter()
+        .filter_map(|entry| {
+            let (fence, token) = entry.split_once(':')?;
+            Some((fence.parse().ok()?, token.to_owned()))
+        })
+        .collect();
+    Ok(CounterState {
+        value: value.unwrap_or(0),
+        accepted,
+        refused: refused.unwrap_or(0),
+    })
 }

@@ -2,6 +2,7 @@
 //! unchanged on every store.
 
 pub mod attr_suite;
+pub mod exclusion;
 pub mod fenced;
 pub mod jobs;
 pub mod proxy;

@@ -4,7 +4,7 @@
 //! scheduler do not affect it; it stops when dropped.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,6 +21,8 @@ struct Faults {
     new_connection_latency_ms: AtomicU64,
     /// Bumped to drop every open connection.
     epoch: AtomicU64,
+    /// The port new connections are forwarded to (a failover moves it).
+    upstream: AtomicU16,
     stopped: AtomicBool,
 }
 
@@ -36,6 +38,7 @@ impl FaultProxy {
     /// Proxies `127.0.0.1:<free port>` to `127.0.0.1:upstream`.
     pub fn start(upstream: u16) -> Self {
         let faults = Arc::new(Faults::default());
+        faults.upstream.store(upstream, Ordering::SeqCst);
         let std_listener =
             std::net::TcpListener::bind("127.0.0.1:0").expect("binding the proxy port");
         std_listener
@@ -48,13 +51,18 @@ impl FaultProxy {
                 .enable_all()
                 .build()
                 .expect("the proxy's tokio runtime");
-            runtime.block_on(serve(std_listener, upstream, thread_faults));
+            runtime.block_on(serve(std_listener, thread_faults));
         });
         FaultProxy {
             port,
             faults,
             thread: Some(thread),
         }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `redis://127.0.0.1:<proxy port>`.
@@ -75,6 +83,12 @@ impl FaultProxy {
     /// Closes every open connection.
     pub fn drop_connections(&self) {
         self.faults.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Forwards the connections accepted from now on to `127.0.0.1:port` (those already open
+    /// stay where they are: drop them to move everyone), like a virtual IP moved by a failover.
+    pub fn set_upstream(&self, port: u16) {
+        self.faults.upstream.store(port, Ordering::SeqCst);
     }
 
     /// Refuses (closes at once) new connections while `on`.
@@ -116,7 +130,7 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<Faults>) {
+async fn serve(std_listener: std::net::TcpListener, faults: Arc<Faults>) {
     let Ok(listener) = TcpListener::from_std(std_listener) else {
         return;
     };
@@ -129,6 +143,7 @@ async fn serve(std_listener: std::net::TcpListener, upstream: u16, faults: Arc<F
             drop(client);
             continue;
         }
+        let upstream = faults.upstream.load(Ordering::SeqCst);
         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
             continue;
         };
