@@ -244,6 +244,17 @@ impl Soak {
     }
 }
 
+/// The commit the run was built from, for the results file (`-dirty` with local changes).
+fn git_commit() -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
 }
@@ -386,13 +397,15 @@ fn mixed_soak_keeps_exclusion_fences_and_counters() {
     println!("soak: faults {faults:?}");
     if let Ok(path) = std::env::var("SOAK_RESULTS") {
         let json = format!(
-            "{{\n  \"seed\": {seed},\n  \"seconds\": {seconds},\n  \"acquisitions\": {},\n  \
+            "{{\n  \"commit\": \"{}\",\n  \"cpus\": {},\n  \"seed\": {seed},\n  \"seconds\": {seconds},\n  \"acquisitions\": {},\n  \
              \"worker_processes\": {},\n  \"increments_accepted\": {increments},\n  \
              \"stale_refused\": {refused},\n  \"stale_accepted\": {stale_accepted},\n  \
              \"superseded_writes\": {},\n  \"superseded_accepted\": {},\n  \
              \"overlaps_excused\": {:?},\n  \"overlaps_unexplained\": {},\n  \
              \"fence_order_violations\": {fence_order},\n  \"lost_updates\": {},\n  \
              \"faults\": {:?}\n}}\n",
+            git_commit(),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
             report.holdings,
             soak.spawned.len(),
             report.superseded_writes,
