@@ -1,25 +1,33 @@
-//! The real-process exclusion checker. Holder processes log, per lease, when they were granted
-//! it, every instant they checked it was still valid before acting (a write), and the last such
-//! instant before they let go; all stamped with the system-wide monotonic clock, so stamps from
-//! different processes on one machine compare. The test that drives them logs the faults it
-//! injected on the same clock. [`check`] then asserts that no two holders of a key believed
-//! their leases valid at the same instant, except across a fault that no lease can survive,
-//! counted by cause.
+//! The real-process exclusion checker. Holder processes log, per lease, every instant they
+//! checked it was still valid before acting on it (the first check right after the grant, one
+//! before each operation on the fenced store, one every 20 ms of work), what the store answered,
+//! and the last passing check before they let go; all stamped with the system-wide monotonic
+//! clock, so stamps from different processes on one machine compare. The test that drives them
+//! logs the failovers it injected on the same clock. [`check`] then finds, per key, instants at
+//! which two holders believed their leases valid.
 //!
-//! Stamps are taken on the safe side of each event: a grant is stamped after the acquire
-//! returned (the server granted it earlier), a validity check before `is_lost()` is asked (the
-//! answer holds at a later instant). So an overlap the checker reports really happened.
+//! A validity check is stamped *before* `is_lost()` is asked: the runtime compares the clock
+//! with the lease's validity, so a lease found valid was valid at the stamp, and a holder
+//! paused or descheduled around a check cannot stretch its interval. With a correct runtime,
+//! `a.end < a's validity end <= the server's expiry < b's grant <= b.start` for leases granted
+//! one after the other, on one machine's clock, whatever the holder processes suffered; so a
+//! SIGSTOP excuses nothing. Only a failover that lost the record can (a store fault, counted
+//! by cause). An interval starts at the first passing check, not at the grant's reply: a
+//! holder paused between the reply and its first check never believed a lease that expired
+//! meanwhile.
 //!
 //! Log lines, one per event (`<key>` has no spaces):
-//! - `G <key> <fence> <token> <t>`: the lease was granted;
-//! - `W <key> <token> <t>`: a validity check passed at `t`, and a write under the fence follows;
-//! - `R <key> <token> <1|0|e>`: that write was accepted, refused as stale, or failed;
-//! - `E <key> <token> <t>`: the holder let go; `t` is its last passing validity check.
+//! - `G <key> <fence> <token> <t>`: the lease was granted and its first check passed at `t`;
+//! - `W <key> <token> <t>`: a check passed at `t`, and an operation under the fence follows;
+//! - `R <key> <token> <1|0|e> <t>`: the store accepted it, refused it as stale, or the call
+//!   failed; `t` is when the answer came back;
+//! - `E <key> <token> <t>`: the holder let go; `t` is its last passing check.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `CLOCK_MONOTONIC` in microseconds: one clock for every process on the machine (what
 /// `std::time::Instant` reads on Linux, which the runtime's `is_lost()` compares against).
@@ -31,7 +39,10 @@ pub fn monotonic_us() -> u64 {
 /// An append-only event log a holder process writes, one `write` call per line, so a process
 /// killed with SIGKILL loses at most the line it was writing.
 #[derive(Debug)]
-pub struct EventLog(Mutex<std::fs::File>);
+pub struct EventLog {
+    file: Mutex<std::fs::File>,
+    failed: AtomicBool,
+}
 
 impl EventLog {
     /// Creates (or appends to) the log at `path`.
@@ -40,18 +51,40 @@ impl EventLog {
             .create(true)
             .append(true)
             .open(path)?;
-        Ok(EventLog(Mutex::new(file)))
+        Ok(EventLog {
+            file: Mutex::new(file),
+            failed: AtomicBool::new(false),
+        })
     }
 
     /// Appends one event line.
     pub fn line(&self, line: std::fmt::Arguments<'_>) {
         let text = format!("{line}\n");
-        if let Ok(mut file) = self.0.lock() {
-            // A log that cannot be written fails the run's checks (the holdings go missing
-            // and the counter's accepted writes no longer match), so an error is not lost.
-            let _ = file.write_all(text.as_bytes());
+        let written = match self.file.lock() {
+            Ok(mut file) => file.write_all(text.as_bytes()).is_ok(),
+            Err(_) => false,
+        };
+        if !written {
+            self.failed.store(true, Ordering::SeqCst);
         }
     }
+
+    /// True if a line could not be written: a lost line would shorten an interval and hide
+    /// an overlap, so the holder process must fail its run.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+/// One operation on the fenced store under a lease.
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    /// The passing validity check before it.
+    pub checked_us: u64,
+    /// What the store answered (`None`: unknown, the call failed or the process died).
+    pub accepted: Option<bool>,
+    /// When the answer came back.
+    pub answered_us: Option<u64>,
 }
 
 /// One lease as its holder saw it.
@@ -65,40 +98,31 @@ pub struct Holding {
     pub token: String,
     /// The lease's fence.
     pub fence: u64,
-    /// When the grant was known (after the acquire returned).
+    /// The first passing validity check, right after the grant.
     pub start_us: u64,
-    /// The last instant the holder knew the lease valid: its `E` line, or for a holder killed
-    /// before it let go, its last logged check (or the grant).
+    /// The last passing check: its `E` line, or for a holder killed before it let go, its
+    /// last logged check.
     pub end_us: u64,
-    /// The writes it made: when it checked validity before each, and what the store answered
-    /// (`None`: unknown, the process died or the call failed).
-    pub writes: Vec<(u64, Option<bool>)>,
+    /// Its operations on the fenced store, in order.
+    pub ops: Vec<Op>,
 }
 
-/// A fault the driving test injected that a lease cannot survive, on the monotonic clock.
+/// A failover the driving test injected, on the monotonic clock: the old master died at
+/// `at_us`; `lossy` when its replica's link had been stalled first (writes lost for sure).
 #[derive(Debug, Clone, Copy)]
-pub enum Excuse {
-    /// The holder process `pid` was stopped (SIGSTOP) from `from_us` to `to_us`.
-    Pause {
-        /// The stopped process.
-        pid: u32,
-        /// When it was stopped.
-        from_us: u64,
-        /// When it was continued.
-        to_us: u64,
-    },
-    /// A failover at `at_us` that may have lost acknowledged writes (no `replicated_acquire`).
-    LostWrites {
-        /// When the old master died.
-        at_us: u64,
-    },
+pub struct Failover {
+    /// When the old master died.
+    pub at_us: u64,
+    /// Replication was stalled before the kill.
+    pub lossy: bool,
 }
 
 /// Parses the event log of the holder process `pid`.
 pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
     let text = std::fs::read_to_string(path)?;
-    let mut by_token: HashMap<String, Holding> = HashMap::new();
-    let mut order = Vec::new();
+    let mut holdings: Vec<Holding> = Vec::new();
+    // The token's latest holding; a token granted twice keeps both (the checker counts it).
+    let mut latest: HashMap<String, usize> = HashMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
@@ -106,48 +130,50 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                 let (Ok(fence), Ok(t)) = (fence.parse(), t.parse()) else {
                     continue;
                 };
-                order.push(token.to_string());
-                by_token.insert(
-                    token.to_string(),
-                    Holding {
-                        pid,
-                        key: key.to_string(),
-                        token: token.to_string(),
-                        fence,
-                        start_us: t,
-                        end_us: t,
-                        writes: Vec::new(),
-                    },
-                );
+                latest.insert(token.to_string(), holdings.len());
+                holdings.push(Holding {
+                    pid,
+                    key: key.to_string(),
+                    token: token.to_string(),
+                    fence,
+                    start_us: t,
+                    end_us: t,
+                    ops: Vec::new(),
+                });
             }
             ["W", _, token, t] => {
-                if let (Some(h), Ok(t)) = (by_token.get_mut(*token), t.parse::<u64>()) {
-                    h.writes.push((t, None));
+                if let (Some(&i), Ok(t)) = (latest.get(*token), t.parse::<u64>()) {
+                    let h = &mut holdings[i];
+                    h.ops.push(Op {
+                        checked_us: t,
+                        accepted: None,
+                        answered_us: None,
+                    });
                     h.end_us = h.end_us.max(t);
                 }
             }
-            ["R", _, token, outcome] => {
-                if let Some(last) = by_token.get_mut(*token).and_then(|h| h.writes.last_mut()) {
-                    last.1 = match *outcome {
+            ["R", _, token, outcome, t] => {
+                if let Some(&i) = latest.get(*token)
+                    && let Some(op) = holdings[i].ops.last_mut()
+                {
+                    op.accepted = match *outcome {
                         "1" => Some(true),
                         "0" => Some(false),
                         _ => None,
                     };
+                    op.answered_us = t.parse().ok();
                 }
             }
             ["E", _, token, t] => {
-                if let (Some(h), Ok(t)) = (by_token.get_mut(*token), t.parse::<u64>()) {
-                    h.end_us = h.end_us.max(t);
+                if let (Some(&i), Ok(t)) = (latest.get(*token), t.parse::<u64>()) {
+                    holdings[i].end_us = holdings[i].end_us.max(t);
                 }
             }
             // A torn last line of a killed process.
             _ => {}
         }
     }
-    Ok(order
-        .into_iter()
-        .filter_map(|token| by_token.remove(&token))
-        .collect())
+    Ok(holdings)
 }
 
 /// What [`check`] found.
@@ -155,24 +181,41 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
 pub struct Report {
     /// Leases checked.
     pub holdings: usize,
-    /// Overlapping valid intervals explained by an injected fault, by cause.
+    /// Tokens handed out more than once.
+    pub duplicate_tokens: usize,
+    /// Overlapping valid intervals explained by an injected failover, by cause.
     pub excused: BTreeMap<&'static str, usize>,
-    /// Writes made after a newer lease of the key had been granted (a superseded holder
-    /// acting), and how many of those the store accepted.
-    pub superseded_writes: usize,
-    /// Of [`superseded_writes`](Self::superseded_writes), the ones the store accepted.
+    /// Operations made after a newer lease of the key had been granted (a superseded holder
+    /// acting).
+    pub superseded_ops: usize,
+    /// Of [`superseded_ops`](Self::superseded_ops), the ones the store accepted: stale writes
+    /// that got through, measured.
     pub superseded_accepted: usize,
-    /// Overlaps no injected fault explains, described.
+    /// Operations the store refused as stale although no newer lease (higher fence) of the
+    /// key had been granted before the answer: a fence that went backwards or repeated.
+    pub refused_unexplained: usize,
+    /// Overlaps no injected failover explains, and unexplained refusals, described.
     pub violations: Vec<String>,
 }
 
-/// Checks exclusion: for every key, no two leases' valid intervals overlap unless the earlier
-/// holder was paused, or a failover that may lose writes happened, inside its interval.
-pub fn check(holdings: &[Holding], excuses: &[Excuse]) -> Report {
+/// How long before a holder's first check a failover can still have lost its grant: the
+/// grant's reply may come back just before the master dies.
+const GRANT_SLACK_US: u64 = 100_000;
+
+/// Checks exclusion: for every key, no two leases' valid intervals overlap unless a failover
+/// that may lose writes happened between the earlier holder's grant and the later one's.
+/// Checks fencing from the holders' side: every refusal by the store is explained by a newer
+/// lease with a higher fence.
+pub fn check(holdings: &[Holding], failovers: &[Failover]) -> Report {
     let mut report = Report {
         holdings: holdings.len(),
         ..Report::default()
     };
+    let mut tokens = HashSet::new();
+    report.duplicate_tokens = holdings
+        .iter()
+        .filter(|h| !tokens.insert(h.token.as_str()))
+        .count();
     let mut by_key: BTreeMap<&str, Vec<&Holding>> = BTreeMap::new();
     for h in holdings {
         by_key.entry(h.key.as_str()).or_default().push(h);
@@ -185,18 +228,16 @@ pub fn check(holdings: &[Holding], excuses: &[Excuse]) -> Report {
                     // Sorted by start: no later lease starts inside `a` either.
                     break;
                 }
-                if a.token == b.token {
-                    continue;
-                }
                 // `a` still believed valid after `b` was granted.
-                let stale: Vec<_> = a.writes.iter().filter(|w| w.0 > b.start_us).collect();
-                report.superseded_writes += stale.len();
-                report.superseded_accepted += stale.iter().filter(|w| w.1 == Some(true)).count();
-                match excuse_for(a, excuses) {
+                let stale: Vec<_> = a.ops.iter().filter(|o| o.checked_us > b.start_us).collect();
+                report.superseded_ops += stale.len();
+                report.superseded_accepted +=
+                    stale.iter().filter(|o| o.accepted == Some(true)).count();
+                match failover_between(a, b, failovers) {
                     Some(cause) => *report.excused.entry(cause).or_default() += 1,
                     None => report.violations.push(format!(
                         "key {}: pid {} (fence {}, valid {}..{} us) and pid {} (fence {}, \
-                         granted at {} us) overlap by {} us",
+                         valid from {} us) overlap by {} us",
                         a.key,
                         a.pid,
                         a.fence,
@@ -210,54 +251,62 @@ pub fn check(holdings: &[Holding], excuses: &[Excuse]) -> Report {
                 }
             }
         }
+        refusals(leases, &mut report);
     }
     report
 }
 
-fn excuse_for(a: &Holding, excuses: &[Excuse]) -> Option<&'static str> {
-    let inside = |t: u64| a.start_us <= t && t <= a.end_us;
-    excuses.iter().find_map(|e| match *e {
-        Excuse::Pause {
-            pid,
-            from_us,
-            to_us,
-        } if pid == a.pid && from_us <= a.end_us && a.start_us <= to_us => {
-            Some("holder paused (SIGSTOP)")
+/// Refusals the holders' history explains: a lease with a higher fence began before the
+/// refusal's answer came back.
+fn refusals(leases: &[&Holding], report: &mut Report) {
+    for a in leases {
+        for op in a.ops.iter().filter(|o| o.accepted == Some(false)) {
+            let answered = op.answered_us.unwrap_or(u64::MAX);
+            let explained = leases
+                .iter()
+                .any(|b| b.fence > a.fence && b.start_us < answered);
+            if !explained {
+                report.refused_unexplained += 1;
+                report.violations.push(format!(
+                    "key {}: pid {}'s operation under fence {} was refused at {answered} us, \
+                     but no lease with a higher fence had begun",
+                    a.key, a.pid, a.fence
+                ));
+            }
         }
-        Excuse::LostWrites { at_us } if inside(at_us) => {
-            Some("failover without replicated_acquire")
-        }
-        _ => None,
-    })
+    }
+}
+
+fn failover_between(a: &Holding, b: &Holding, failovers: &[Failover]) -> Option<&'static str> {
+    failovers
+        .iter()
+        .filter(|f| a.start_us.saturating_sub(GRANT_SLACK_US) <= f.at_us && f.at_us <= b.start_us)
+        .map(|f| {
+            if f.lossy {
+                "failover, replication stalled first"
+            } else {
+                "failover, replica in sync a moment before"
+            }
+        })
+        .next()
 }
 
 /// Counts pairs of leases of one key granted one after the other (the first holder's last
-/// valid instant before the second grant was known) whose fences do not increase. A late
-/// grant stamp can make a lease look later than it was: the holder paused before stamping,
-/// or its record lost in a failover while its reply was under way; those pairs are left out.
-pub fn fence_order_violations(holdings: &[Holding], excuses: &[Excuse]) -> usize {
-    const SLACK_US: u64 = 1_000_000;
+/// passing check before the second's first) whose fences do not increase. No fault excuses
+/// this: the fence is a hybrid of a counter and the server clock (DESIGN.md §5), and every
+/// server here shares one clock.
+pub fn fence_order_violations(holdings: &[Holding]) -> usize {
     let mut by_key: BTreeMap<&str, Vec<&Holding>> = BTreeMap::new();
     for h in holdings {
         by_key.entry(h.key.as_str()).or_default().push(h);
     }
-    let late_stamp = |a: &Holding, b: &Holding| {
-        excuses.iter().any(|e| match *e {
-            Excuse::Pause { pid, from_us, .. } => {
-                pid == b.pid && from_us <= b.start_us && b.start_us <= from_us + SLACK_US * 2
-            }
-            Excuse::LostWrites { at_us } => {
-                a.start_us.saturating_sub(SLACK_US) <= at_us && at_us <= b.start_us
-            }
-        })
-    };
     let mut violations = 0;
     for leases in by_key.values_mut() {
         leases.sort_by_key(|h| h.start_us);
         let mut by_end = leases.clone();
         by_end.sort_by_key(|h| h.end_us);
-        // The highest fence of the leases that ended before the current grant: when it is
-        // below the grant's fence, no pair with this grant can break the order.
+        // The highest fence of the leases that ended before the current one began: when it is
+        // below that lease's fence, no pair with it can break the order.
         let (mut ended, mut top) = (0, 0);
         for (i, b) in leases.iter().enumerate() {
             while ended < by_end.len() && by_end[ended].end_us <= b.start_us {
@@ -269,7 +318,7 @@ pub fn fence_order_violations(holdings: &[Holding], excuses: &[Excuse]) -> usize
             }
             violations += leases[..i]
                 .iter()
-                .filter(|a| a.end_us <= b.start_us && a.fence >= b.fence && !late_stamp(a, b))
+                .filter(|a| a.end_us <= b.start_us && a.fence >= b.fence)
                 .count();
         }
     }
@@ -288,28 +337,52 @@ mod tests {
             fence,
             start_us: start,
             end_us: end,
-            writes: vec![(end, Some(true))],
+            ops: vec![Op {
+                checked_us: end,
+                accepted: Some(true),
+                answered_us: Some(end + 10),
+            }],
         }
     }
 
-    /// The checker must be able to fail: an overlap with no fault behind it is a violation,
-    /// the same overlap across a pause of the earlier holder is excused and counted.
+    /// The checker must be able to fail: an overlap with no failover behind it is a
+    /// violation; a failover after the later grant excuses nothing; one between the grants
+    /// is counted by cause.
     #[test]
     fn an_unexplained_overlap_is_a_violation() {
         let a = holding(1, "a", 1, 0, 1_000);
         let b = holding(2, "b", 2, 900, 2_000);
         let c = holding(3, "c", 3, 2_000, 3_000);
-        let report = check(&[a.clone(), b.clone(), c.clone()], &[]);
+        let all = [a, b, c];
+        let report = check(&all, &[]);
         assert_eq!(report.violations.len(), 1, "{report:?}");
-        assert_eq!(report.superseded_writes, 1);
+        assert_eq!(report.superseded_ops, 1);
         assert_eq!(report.superseded_accepted, 1);
-        let paused = [Excuse::Pause {
-            pid: 1,
-            from_us: 500,
-            to_us: 800,
+        let late = [Failover {
+            at_us: 950,
+            lossy: true,
         }];
-        let report = check(&[a, b, c], &paused);
+        assert_eq!(check(&all, &late).violations.len(), 1);
+        let between = [Failover {
+            at_us: 500,
+            lossy: true,
+        }];
+        let report = check(&all, &between);
         assert!(report.violations.is_empty(), "{report:?}");
         assert_eq!(report.excused.values().sum::<usize>(), 1);
+    }
+
+    /// Fences: a refusal with no newer lease behind it, a repeated token and fences out of
+    /// order are each found.
+    #[test]
+    fn fence_faults_are_found() {
+        let mut a = holding(1, "a", 5, 0, 100);
+        a.ops[0].accepted = Some(false);
+        let b = holding(2, "b", 4, 200, 300);
+        let dup = holding(3, "b", 6, 400, 500);
+        let report = check(&[a.clone(), b.clone(), dup.clone()], &[]);
+        assert_eq!(report.refused_unexplained, 1, "{report:?}");
+        assert_eq!(report.duplicate_tokens, 1);
+        assert_eq!(fence_order_violations(&[a, b, dup]), 1);
     }
 }

@@ -36,9 +36,9 @@ pub async fn fenced_write<C: redis::aio::ConnectionLike>(
 /// below the highest fence the counter has seen, or equal to it from another token, is refused
 /// (DESIGN.md §5: storages compare with `>` and refuse an equal fence from another token), so a
 /// holder that lost its lease can neither write nor read-then-write over a newer holder. Reads
-/// raise the fence too. Every accepted write is logged as `fence:token`, so the soak measures
-/// from the store itself what it let through, and checks that the counter equals the accepted
-/// increments.
+/// raise the fence too. Every accepted write is logged as `fence:token`, so the soak can tie
+/// each accepted write to the lease that made it and check that the counter equals the
+/// accepted increments.
 pub const FENCED_READ: &str = r"
 local max = tonumber(redis.call('GET', KEYS[1]) or '0')
 local fence = tonumber(ARGV[1])
@@ -127,26 +127,6 @@ pub struct CounterState {
     pub accepted: Vec<(u64, String)>,
     /// Operations the store refused as stale.
     pub refused: u64,
-}
-
-impl CounterState {
-    /// Accepted writes that break the fencing promise, counted from the store's own log: a
-    /// fence below an earlier accepted one, or equal to it from another token.
-    pub fn stale_accepted(&self) -> usize {
-        let mut stale = 0;
-        let mut top: Option<&(u64, String)> = None;
-        for write in &self.accepted {
-            match top {
-                Some((fence, token))
-                    if write.0 < *fence || (write.0 == *fence && write.1 != *token) =>
-                {
-                    stale += 1
-                }
-                _ => top = Some(write),
-            }
-        }
-        stale
-    }
 }
 
 /// Reads a counter's state.

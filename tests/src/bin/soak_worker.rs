@@ -61,6 +61,9 @@ async fn main() -> anyhow::Result<()> {
         handle.await?;
     }
     runtime.shutdown().await;
+    if log.failed() {
+        anyhow::bail!("an event line could not be written: the checker would miss it");
+    }
     println!("done");
     Ok(())
 }
@@ -88,8 +91,14 @@ async fn work(
         };
         let lease = guard.lease();
         let (fence, token) = (lease.fence(), lease.token().to_owned());
-        let granted = monotonic_us();
-        log.line(format_args!("G {key} {fence} {token} {granted}"));
+        // The first check, stamped before asking (see lock_tests::exclusion): a lease found
+        // lost already was never believed.
+        let first_check = monotonic_us();
+        if lease.is_lost() {
+            let _ = guard.release().await;
+            continue;
+        }
+        log.line(format_args!("G {key} {fence} {token} {first_check}"));
         // One hold in ten outlasts a renewal and a failover's few hundred milliseconds.
         let work_ms = if careless {
             rng.below(1500)
@@ -98,32 +107,48 @@ async fn work(
         } else {
             rng.below(10)
         };
-        let last_valid = increment(&mut resource, &log, &guard, &key, work_ms, careless).await;
-        log.line(format_args!(
-            "E {key} {token} {}",
-            last_valid.unwrap_or(granted)
-        ));
+        let last_valid = increment(
+            &mut resource,
+            &log,
+            &guard,
+            &key,
+            first_check,
+            work_ms,
+            careless,
+        )
+        .await;
+        log.line(format_args!("E {key} {token} {last_valid}"));
         let _ = guard.release().await;
     }
 }
 
 /// Reads the counter under the fence, works for `work_ms` (a careful holder asks whether its
 /// lease is lost every 20 ms, as a job's loop would), checks the lease, writes `value + 1`.
-/// Returns the stamp of the last validity check that passed.
+/// Both operations are logged with the check before them and the store's answer. Returns the
+/// stamp of the last check that passed.
 async fn increment(
     resource: &mut ConnectionManager,
     log: &EventLog,
     guard: &LockGuard,
     key: &str,
+    first_check: u64,
     work_ms: u64,
     careless: bool,
-) -> Option<u64> {
+) -> u64 {
     let lease = guard.lease();
     let (fence, token) = (lease.fence(), lease.token());
-    let Ok(Some(value)) = counter_read(resource, key, fence, token).await else {
-        return None;
+    log.line(format_args!("W {key} {token} {first_check}"));
+    let read = counter_read(resource, key, fence, token).await;
+    let outcome = match read {
+        Ok(Some(_)) => "1",
+        Ok(None) => "0",
+        Err(_) => "e",
     };
-    let mut last_valid = None;
+    log.line(format_args!("R {key} {token} {outcome} {}", monotonic_us()));
+    let Ok(Some(value)) = read else {
+        return first_check;
+    };
+    let mut last_valid = first_check;
     let work_until = Instant::now() + Duration::from_millis(work_ms);
     loop {
         let step = if careless {
@@ -137,18 +162,17 @@ async fn increment(
         if !careless && lease.is_lost() {
             return last_valid;
         }
-        last_valid = Some(checked);
+        last_valid = checked;
         if Instant::now() >= work_until {
             break;
         }
     }
-    let checked = last_valid?;
-    log.line(format_args!("W {key} {token} {checked}"));
+    log.line(format_args!("W {key} {token} {last_valid}"));
     let outcome = match counter_set(resource, key, fence, token, value + 1).await {
         Ok(true) => "1",
         Ok(false) => "0",
         Err(_) => "e",
     };
-    log.line(format_args!("R {key} {token} {outcome}"));
-    Some(checked)
+    log.line(format_args!("R {key} {token} {outcome} {}", monotonic_us()));
+    last_valid
 }
