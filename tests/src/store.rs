@@ -112,6 +112,17 @@ impl TestStore {
     }
 }
 
+/// The built-in stores run the public conformance kit like any other store.
+impl lock_testkit::Harness for TestStore {
+    fn runtime(&self) -> impl std::future::Future<Output = LockRuntime> + Send {
+        TestStore::runtime(self)
+    }
+
+    fn delete_record(&self, key: &str) -> impl std::future::Future<Output = ()> + Send {
+        TestStore::delete_record(self, key)
+    }
+}
+
 async fn delete_on(server: &RedisServer, key: &str) {
     let mut conn = server
         .client()

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use lock_tests::TestStore;
 
-lock_tests::behaviour_suite!(lock_tests::TestStore::cluster());
-lock_tests::attribute_suite!(lock_tests::TestStore::cluster());
+lock_testkit::behaviour_suite!(lock_tests::TestStore::cluster());
+lock_testkit::attribute_suite!(lock_tests::TestStore::cluster());
 
 /// CLUSTER FAILOVER of the master owning a held lock's slot: the holder either keeps its lease
 /// (its renewals follow the slot to the new master) or is told it lost it; a second runtime

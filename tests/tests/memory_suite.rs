@@ -1,9 +1,9 @@
 //! The behaviour suite on the in-process memory store, called directly (`.memory(..)`) and
 //! through the public `LockStore` trait (`.store(..)`), the way a third-party store is.
-lock_tests::behaviour_suite!(lock_tests::TestStore::memory());
-lock_tests::attribute_suite!(lock_tests::TestStore::memory());
+lock_testkit::behaviour_suite!(lock_tests::TestStore::memory());
+lock_testkit::attribute_suite!(lock_tests::TestStore::memory());
 
 mod through_the_store_trait {
-    lock_tests::behaviour_suite!(lock_tests::TestStore::plugged());
-    lock_tests::attribute_suite!(lock_tests::TestStore::plugged());
+    lock_testkit::behaviour_suite!(lock_tests::TestStore::plugged());
+    lock_testkit::attribute_suite!(lock_tests::TestStore::plugged());
 }

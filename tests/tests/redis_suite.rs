@@ -1,3 +1,3 @@
 //! The behaviour suite on a real redis-server per test.
-lock_tests::behaviour_suite!(lock_tests::TestStore::redis());
-lock_tests::attribute_suite!(lock_tests::TestStore::redis());
+lock_testkit::behaviour_suite!(lock_tests::TestStore::redis());
+lock_testkit::attribute_suite!(lock_tests::TestStore::redis());

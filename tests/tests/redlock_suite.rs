@@ -6,8 +6,8 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockRuntime};
 use lock_tests::{RedisServer, TestStore};
 
-lock_tests::behaviour_suite!(lock_tests::TestStore::redlock());
-lock_tests::attribute_suite!(lock_tests::TestStore::redlock());
+lock_testkit::behaviour_suite!(lock_tests::TestStore::redlock());
+lock_testkit::attribute_suite!(lock_tests::TestStore::redlock());
 
 fn servers(store: &mut TestStore) -> &mut Vec<RedisServer> {
     match store {

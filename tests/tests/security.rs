@@ -55,7 +55,7 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     assert!(a.inspect("acl").await.expect("inspect").is_some());
     assert!(guard.release().await.expect("release"));
     // Waiting on the release channel (subscribe and publish are permitted).
-    lock_tests::suite::release_wakes_waiter(&a, &b, "acl-wait").await;
+    lock_testkit::suite::release_wakes_waiter(&a, &b, "acl-wait").await;
     let held = a
         .lock("acl-min")
         .ttl(Duration::from_secs(5))

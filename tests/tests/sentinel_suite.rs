@@ -6,8 +6,8 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockRuntime};
 use lock_tests::TestStore;
 
-lock_tests::behaviour_suite!(lock_tests::TestStore::sentinel());
-lock_tests::attribute_suite!(lock_tests::TestStore::sentinel());
+lock_testkit::behaviour_suite!(lock_tests::TestStore::sentinel());
+lock_testkit::attribute_suite!(lock_tests::TestStore::sentinel());
 
 /// SENTINEL FAILOVER while a lock is held: the runtime follows the new master, the lock
 /// acquired (and confirmed by the replica) before the failover survives it, and new locks work.

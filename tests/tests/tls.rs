@@ -169,7 +169,7 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
     assert!(!guard.lease().is_lost(), "renewed over TLS");
     assert!(guard.release().await.expect("release"));
     // Waiting over the TLS subscriber.
-    lock_tests::suite::release_wakes_waiter(&a, &b, "tls-wait").await;
+    lock_testkit::suite::release_wakes_waiter(&a, &b, "tls-wait").await;
 
     for (what, builder) in [
         (

@@ -8,43 +8,11 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockRuntime};
 use tokio::time::Instant;
 
-use crate::TestStore;
-
-/// Generates one `#[tokio::test]` per suite case for the store made by `$make`.
-#[macro_export]
-macro_rules! behaviour_suite {
-    ($make:expr) => {
-        $crate::behaviour_suite!(@cases $make;
-            mutual_exclusion,
-            stale_guard_releases_nothing,
-            watchdog_keeps_short_lease_alive,
-            deleted_record_is_reported_lost,
-            fences_strictly_increase,
-            min_hold_keeps_lock_after_release,
-            dropped_future_releases_promptly,
-            panic_releases_promptly,
-            waiter_wakes_on_release,
-            wait_timeout_gives_up,
-            expired_holder_lets_waiter_in,
-            inspect_shows_holder,
-            shutdown_releases_everything,
-            extend_and_max_hold,
-        );
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let store = $make;
-                $crate::suite::$case(&store).await;
-            }
-        )*
-    };
-}
+use crate::Harness;
 
 /// 3 runtimes x 4 tasks x 100 iterations on 2 keys, each doing an unsynchronised
 /// read-sleep-write on a counter under the lock: the totals must be exact.
-pub async fn mutual_exclusion(store: &TestStore) {
+pub async fn mutual_exclusion<H: Harness>(store: &H) {
     const RUNTIMES: usize = 3;
     const TASKS: usize = 4;
     const ITERATIONS: usize = 100;
@@ -82,7 +50,7 @@ pub async fn mutual_exclusion(store: &TestStore) {
 }
 
 /// A guard whose lease expired while another runtime took the lock releases nothing.
-pub async fn stale_guard_releases_nothing(store: &TestStore) {
+pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let stale = a
@@ -121,7 +89,7 @@ pub async fn stale_guard_releases_nothing(store: &TestStore) {
 }
 
 /// The watchdog keeps a 1 s lease alive through a 4 s hold while another runtime keeps trying.
-pub async fn watchdog_keeps_short_lease_alive(store: &TestStore) {
+pub async fn watchdog_keeps_short_lease_alive<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let guard = a
@@ -156,7 +124,7 @@ pub async fn watchdog_keeps_short_lease_alive(store: &TestStore) {
 }
 
 /// Deleting the record behind a live lease is noticed within ttl/3 plus a margin.
-pub async fn deleted_record_is_reported_lost(store: &TestStore) {
+pub async fn deleted_record_is_reported_lost<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let ttl = Duration::from_millis(900);
     let guard = a
@@ -182,7 +150,7 @@ pub async fn deleted_record_is_reported_lost(store: &TestStore) {
 }
 
 /// Fences strictly increase across acquisitions from three runtimes.
-pub async fn fences_strictly_increase(store: &TestStore) {
+pub async fn fences_strictly_increase<H: Harness>(store: &H) {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for _ in 0..3 {
@@ -217,7 +185,7 @@ pub async fn fences_strictly_increase(store: &TestStore) {
 /// A lock released before its min_hold stays held until min_hold has passed, and one released
 /// after it is freed at once. Timing is read from the store's own clock (`inspect`), never
 /// from how fast this machine ran.
-pub async fn min_hold_keeps_lock_after_release(store: &TestStore) {
+pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     // 30 s: far beyond any scheduling delay between the acquire and the checks below.
@@ -286,7 +254,7 @@ pub async fn min_hold_keeps_lock_after_release(store: &TestStore) {
 }
 
 /// A future holding a guard that is dropped (aborted task, timeout) frees the lock at once.
-pub async fn dropped_future_releases_promptly(store: &TestStore) {
+pub async fn dropped_future_releases_promptly<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -342,7 +310,7 @@ pub async fn dropped_future_releases_promptly(store: &TestStore) {
 }
 
 /// A panic in the code holding the guard frees the lock at once.
-pub async fn panic_releases_promptly(store: &TestStore) {
+pub async fn panic_releases_promptly<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let holder = {
@@ -369,7 +337,7 @@ pub async fn panic_releases_promptly(store: &TestStore) {
 }
 
 /// A waiter wakes when the holder releases, long before the holder's ttl.
-pub async fn waiter_wakes_on_release(store: &TestStore) {
+pub async fn waiter_wakes_on_release<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     release_wakes_waiter(&a, &b, "handoff").await;
@@ -408,7 +376,7 @@ pub async fn release_wakes_waiter(holder: &LockRuntime, waiter: &LockRuntime, ke
 }
 
 /// acquire_timeout gives up with WaitTimeout.
-pub async fn wait_timeout_gives_up(store: &TestStore) {
+pub async fn wait_timeout_gives_up<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let guard = a
@@ -435,7 +403,7 @@ pub async fn wait_timeout_gives_up(store: &TestStore) {
 }
 
 /// A holder that stops renewing (watchdog off) lets a waiter in once its ttl runs out.
-pub async fn expired_holder_lets_waiter_in(store: &TestStore) {
+pub async fn expired_holder_lets_waiter_in<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let guard = a
@@ -458,7 +426,7 @@ pub async fn expired_holder_lets_waiter_in(store: &TestStore) {
 }
 
 /// inspect reports owner, fence and remaining ttl of the holder, and None when free.
-pub async fn inspect_shows_holder(store: &TestStore) {
+pub async fn inspect_shows_holder<H: Harness>(store: &H) {
     let a = store.runtime().await;
     assert!(a.inspect("shown").await.expect("inspect").is_none());
     let guard = a
@@ -480,7 +448,7 @@ pub async fn inspect_shows_holder(store: &TestStore) {
 
 /// shutdown releases every held lease, reports them lost to their holders, and refuses new
 /// requests.
-pub async fn shutdown_releases_everything(store: &TestStore) {
+pub async fn shutdown_releases_everything<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let g1 = a
@@ -513,7 +481,7 @@ pub async fn shutdown_releases_everything(store: &TestStore) {
 }
 
 /// extend lengthens a lease; max_hold stops renewals so the lease expires and is lost.
-pub async fn extend_and_max_hold(store: &TestStore) {
+pub async fn extend_and_max_hold<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let guard = a
         .lock("extended")

@@ -9,44 +9,15 @@ use lock_runtime::LockError;
 use tokio::sync::{Barrier, Semaphore};
 use tokio::time::Instant;
 
-use crate::TestStore;
+use crate::Harness;
 use crate::jobs::*;
-
-/// Generates one `#[tokio::test]` per attribute case for the store made by `$make`.
-#[macro_export]
-macro_rules! attribute_suite {
-    ($make:expr) => {
-        $crate::attribute_suite!(@cases $make;
-            attr_skip_returns_without_running,
-            attr_error_returns_contended,
-            attr_wait_runs_after_release_and_times_out,
-            attr_abort_stops_the_body_on_loss,
-            attr_continue_lets_the_body_finish,
-            attr_min_hold_outlives_the_call,
-            attr_is_reentrant,
-            attr_param_keys_lock_per_argument,
-            attr_panic_and_cancel_release_at_once,
-            attr_once_skips_after_success_only,
-            attr_methods_and_generics,
-        );
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let store = $make;
-                $crate::attr_suite::$case(&store).await;
-            }
-        )*
-    };
-}
 
 fn counter() -> Arc<AtomicU64> {
     Arc::new(AtomicU64::new(0))
 }
 
 /// skip: a held lock makes the call return "did not run" in each return shape.
-pub async fn attr_skip_returns_without_running(store: &TestStore) {
+pub async fn attr_skip_returns_without_running<H: Harness>(store: &H) {
     let holder = store.runtime().await;
     let caller = store.runtime().await;
     let runs = counter();
@@ -83,7 +54,7 @@ pub async fn attr_skip_returns_without_running(store: &TestStore) {
 }
 
 /// error: a held lock gives `LockError::Contended`.
-pub async fn attr_error_returns_contended(store: &TestStore) {
+pub async fn attr_error_returns_contended<H: Harness>(store: &H) {
     let holder = store.runtime().await;
     let caller = store.runtime().await;
     let runs = counter();
@@ -110,7 +81,7 @@ pub async fn attr_error_returns_contended(store: &TestStore) {
 
 /// wait: the body runs once the holder releases; a holder that keeps it past wait_timeout
 /// gives WaitTimeout.
-pub async fn attr_wait_runs_after_release_and_times_out(store: &TestStore) {
+pub async fn attr_wait_runs_after_release_and_times_out<H: Harness>(store: &H) {
     let holder = store.runtime().await;
     let caller = store.runtime().await;
     let runs = counter();
@@ -147,7 +118,7 @@ pub async fn attr_wait_runs_after_release_and_times_out(store: &TestStore) {
 }
 
 /// on_lost = "abort": losing the lease stops the body; its side effects stop.
-pub async fn attr_abort_stops_the_body_on_loss(store: &TestStore) {
+pub async fn attr_abort_stops_the_body_on_loss<H: Harness>(store: &H) {
     let caller = store.runtime().await;
     let ticks = counter();
     let running = tokio::spawn(caller.scope(endless_job("d", ticks.clone())));
@@ -169,7 +140,7 @@ pub async fn attr_abort_stops_the_body_on_loss(store: &TestStore) {
 }
 
 /// on_lost = "continue": the body finishes and can see that its lease was lost.
-pub async fn attr_continue_lets_the_body_finish(store: &TestStore) {
+pub async fn attr_continue_lets_the_body_finish<H: Harness>(store: &H) {
     let caller = store.runtime().await;
     let running = tokio::spawn(caller.scope(stubborn_job("e", Duration::from_millis(1500))));
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -187,7 +158,7 @@ pub async fn attr_continue_lets_the_body_finish(store: &TestStore) {
 
 /// min_hold: the lock stays held after the call returns, until min_hold has passed. Timing
 /// is read from the store's own clock (`inspect`), never from how fast this machine ran.
-pub async fn attr_min_hold_outlives_the_call(store: &TestStore) {
+pub async fn attr_min_hold_outlives_the_call<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let runs = counter();
@@ -235,7 +206,7 @@ async fn wait_until_free(runtime: &lock_runtime::LockRuntime, key: &str) {
 }
 
 /// A nested call for a key the task holds runs directly (no deadlock, no contention).
-pub async fn attr_is_reentrant(store: &TestStore) {
+pub async fn attr_is_reentrant<H: Harness>(store: &H) {
     let caller = store.runtime().await;
     let runs = counter();
     tokio::time::timeout(
@@ -249,7 +220,7 @@ pub async fn attr_is_reentrant(store: &TestStore) {
 }
 
 /// `{param}` keys: post(1) and post(2) run concurrently; a second post(1) skips.
-pub async fn attr_param_keys_lock_per_argument(store: &TestStore) {
+pub async fn attr_param_keys_lock_per_argument<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let runs = counter();
@@ -281,7 +252,7 @@ pub async fn attr_param_keys_lock_per_argument(store: &TestStore) {
 }
 
 /// A body that panics, or a call that is cancelled, frees its lock at once, not after its ttl.
-pub async fn attr_panic_and_cancel_release_at_once(store: &TestStore) {
+pub async fn attr_panic_and_cancel_release_at_once<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let panicked = tokio::spawn(a.scope(panicking_job("i"))).await;
@@ -308,7 +279,7 @@ pub async fn attr_panic_and_cancel_release_at_once(store: &TestStore) {
 
 /// once: a successful run leaves a done marker that skips later calls, even after the lock
 /// is free; a failed run leaves none.
-pub async fn attr_once_skips_after_success_only(store: &TestStore) {
+pub async fn attr_once_skips_after_success_only<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
     let runs = counter();
@@ -334,7 +305,7 @@ pub async fn attr_once_skips_after_success_only(store: &TestStore) {
 }
 
 /// Methods (`&self`, `&mut self` with `{self.field}`) and generic functions.
-pub async fn attr_methods_and_generics(store: &TestStore) {
+pub async fn attr_methods_and_generics<H: Harness>(store: &H) {
     let rt = store.runtime().await;
     rt.scope(async {
         let mut ledger = Ledger {

@@ -1,0 +1,156 @@
+//! Writing a store: a complete lock store over a `tokio::sync::Mutex<HashMap>`, plugged in
+//! through `LockStore` and proved by the whole conformance kit (the README's "Writing a
+//! store" walks through it). A real store keeps the same shape: each method one atomic step
+//! on the backing storage, times from the storage's clock, a fence counter that never goes
+//! back, and a `ReleaseHub` (or the storage's own notifications) to wake waiters.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock_runtime::store::{
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal,
+};
+use lock_runtime::{LockError, LockRuntime};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+struct Record {
+    token: String,
+    owner: String,
+    fence: u64,
+    acquired: Instant,
+    min_hold_until: Instant,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct Tables {
+    locks: HashMap<String, Record>,
+    done_until: HashMap<String, Instant>,
+    /// One counter for all locks: fences strictly increase per lock, and never repeat.
+    fence: u64,
+}
+
+/// The store; clones share one map, as runtimes of several instances share one database.
+#[derive(Clone, Default)]
+struct MapStore {
+    tables: Arc<Mutex<Tables>>,
+    hub: Arc<ReleaseHub>,
+}
+
+impl LockStore for MapStore {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let now = Instant::now();
+        let mut t = self.tables.lock().await;
+        let done = t
+            .done_until
+            .get(req.names.done())
+            .filter(|&&until| until > now);
+        if let (true, Some(&until)) = (req.once, done) {
+            return Ok(AcquireOutcome::Done {
+                pttl: Some(until - now),
+            });
+        }
+        if let Some(held) = t.locks.get(req.names.record()).filter(|r| r.expires > now) {
+            return Ok(AcquireOutcome::Held {
+                pttl: Some(held.expires - now),
+            });
+        }
+        t.fence += 1;
+        let fence = t.fence;
+        let record = Record {
+            token: req.token.to_owned(),
+            owner: req.owner.to_owned(),
+            fence,
+            acquired: now,
+            min_hold_until: now + req.min_hold,
+            expires: now + req.ttl,
+        };
+        t.locks.insert(req.names.record().to_owned(), record);
+        Ok(AcquireOutcome::Acquired { fence })
+    }
+
+    async fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let now = Instant::now();
+        let mut t = self.tables.lock().await;
+        if let Some(retention) = done_retention {
+            t.done_until
+                .insert(names.done().to_owned(), now + retention);
+        }
+        let Some(record) = t.locks.get_mut(names.record()) else {
+            return Ok(ReleaseOutcome::NotOwner);
+        };
+        if record.token != token || record.expires <= now {
+            return Ok(ReleaseOutcome::NotOwner);
+        }
+        if record.min_hold_until > now {
+            // Kept until min_hold passes, under a value no token equals.
+            record.expires = record.expires.min(record.min_hold_until);
+            record.token.clear();
+            return Ok(ReleaseOutcome::KeptForMinHold);
+        }
+        t.locks.remove(names.record());
+        drop(t);
+        self.hub.notify(names.channel());
+        Ok(ReleaseOutcome::Released)
+    }
+
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+        let now = Instant::now();
+        let mut t = self.tables.lock().await;
+        let renewals = items
+            .iter()
+            .map(|item| match t.locks.get_mut(&item.record) {
+                Some(r) if r.token == item.token && r.expires > now => {
+                    r.expires = r.expires.max(now + item.ttl);
+                    Renewal::Renewed
+                }
+                _ => Renewal::NotOurs,
+            });
+        Ok(renewals.collect())
+    }
+
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+        let now = Instant::now();
+        let t = self.tables.lock().await;
+        let live = t.locks.get(names.record()).filter(|r| r.expires > now);
+        Ok(live
+            .map(|r| RecordView::new(&r.owner, r.fence, Some(r.expires - now), now - r.acquired)))
+    }
+
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        Ok(self.hub.subscribe(names.channel()))
+    }
+}
+
+/// What the kit needs: runtimes on one shared store, and a way to lose a record.
+struct MapHarness(MapStore);
+
+static INSTANCE: AtomicUsize = AtomicUsize::new(0);
+
+impl lock_testkit::Harness for MapHarness {
+    async fn runtime(&self) -> LockRuntime {
+        let instance = INSTANCE.fetch_add(1, Ordering::Relaxed);
+        LockRuntime::builder()
+            .owner(format!("map-instance-{instance}"))
+            .store(self.0.clone())
+            .build()
+            .await
+            .expect("a runtime on the map store")
+    }
+
+    async fn delete_record(&self, key: &str) {
+        let names = KeyNames::new("lock", key);
+        self.0.tables.lock().await.locks.remove(names.record());
+    }
+}
+
+lock_testkit::conformance_suite!(MapHarness(MapStore::default()));
