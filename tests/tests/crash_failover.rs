@@ -196,13 +196,14 @@ async fn count_b(b: &LockRuntime, key: &str, a: Option<&LockGuard>, row: &mut Ro
     let _ = b_guard.release().await;
 }
 
-/// True when a replica of `master` confirms a fresh write (`WAIT`) within half a second.
-async fn replica_confirmed(master: &RedisServer) -> bool {
+/// True when a replica of `master` confirms a fresh write of `probe` (`WAIT`) within half a
+/// second. On a Cluster node, `probe` must hash to one of the node's slots.
+async fn replica_confirmed(master: &RedisServer, probe: &str) -> bool {
     let Ok(mut conn) = master.client().get_multiplexed_async_connection().await else {
         return false;
     };
     let wrote: redis::RedisResult<()> = redis::cmd("SET")
-        .arg("probe")
+        .arg(probe)
         .arg(1)
         .query_async(&mut conn)
         .await;
@@ -216,9 +217,9 @@ async fn replica_confirmed(master: &RedisServer) -> bool {
 
 /// Waits until `master`'s replica confirms a fresh write, so the next trial starts with a
 /// replica in sync.
-async fn replica_confirms(master: &RedisServer, limit: Duration) {
+async fn replica_confirms(master: &RedisServer, probe: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while !replica_confirmed(master).await {
+    while !replica_confirmed(master, probe).await {
         assert!(
             Instant::now() < deadline,
             "the replica did not sync in {limit:?}"
@@ -308,7 +309,7 @@ async fn settle(set: &SentinelSet) {
                     .arg(master.port())
                     .query(&mut conn);
             } else if follows
-                && replica_confirmed(master).await
+                && replica_confirmed(master, "probe").await
                 && sentinels_see_replica(set, replica.port())
             {
                 return;
@@ -443,7 +444,9 @@ async fn cluster_trial(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    replica_confirms(&cluster.nodes[r], Duration::from_secs(30)).await;
+    // The probe shares the trial key's slot, which the new master serves.
+    let probe = format!("{{{key}}}:probe");
+    replica_confirms(&cluster.nodes[r], &probe, Duration::from_secs(30)).await;
 }
 
 /// Cluster: the master of A's fresh lock's slot killed; its replica is promoted by the
