@@ -4,29 +4,54 @@
 //! A store written against [`lock_runtime::store::LockStore`] proves itself the way the
 //! built-in ones do (the memory store, one Redis server, Cluster, Sentinel and Redlock all run
 //! this kit in this project's CI): implement [`Harness`] (make a runtime on your store; delete
-//! a lock record behind its holder's back), then in a test file of your crate:
+//! a lock record behind its holder's back), then name a module and the harness:
 //!
-//! ```text
-//! lock_testkit::conformance_suite!(MyHarness::start().await);
+//! ```
+//! use lock_runtime::{LockRuntime, MemoryStore};
+//!
+//! struct MemoryHarness(MemoryStore);
+//!
+//! impl lock_testkit::Harness for MemoryHarness {
+//!     async fn runtime(&self) -> LockRuntime {
+//!         let builder = LockRuntime::builder().store(self.0.clone());
+//!         builder.build().await.expect("a runtime on the store")
+//!     }
+//!
+//!     async fn delete_record(&self, _key: &str) {
+//!         self.0.clear(); // the memory store can only forget everything at once
+//!     }
+//! }
+//!
+//! lock_testkit::conformance_suite!(memory_store, MemoryHarness(MemoryStore::new()));
+//! # fn main() {}
 //! ```
 //!
-//! That generates one `#[test]` per case (25 of them); each builds its own tokio runtime, so
-//! your crate needs no tokio test setup. The expression is evaluated once per case, inside the
-//! case's runtime, so it may `.await` and should give each case a fresh store (cases run in
-//! parallel and reuse key names). `behaviour_suite!` and `attribute_suite!` run either half.
+//! That generates a module `memory_store` with one `#[test]` per case (25); each builds its
+//! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
+//! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
+//! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
+//! its own (`LockRuntimeBuilder::namespace`) that `delete_record` uses too.
+//! [`behaviour_suite!`] and [`attribute_suite!`] generate either half into the current module.
 //!
 //! What the cases check, in short: mutual exclusion under contention from several runtimes,
 //! token-checked release, watchdog renewal and loss detection, strictly increasing fences,
 //! `min_hold`, release on drop, panic and cancellation, event-driven waiting and timeouts,
 //! expiry of a crashed holder, `inspect`, shutdown, `extend` and `max_hold`; and for the
 //! attribute every contention policy, `on_lost`, re-entrancy, per-argument keys and `once`.
-//! Timing margins are seconds, so a slow CI machine does not fail them.
+//! Leases in the cases last a few hundred milliseconds and one checks an expiry to within
+//! 100 ms, so a store must keep time to the millisecond (Redis does; a store whose leases
+//! have a granularity of seconds cannot pass as is). Where a case waits for something to
+//! happen, it allows seconds, so a slow CI machine does not fail it.
 //!
-//! A complete example, a store over a `tokio::sync::Mutex<HashMap>` that passes the kit, is
-//! `tests/map_store.rs` of this crate.
+//! The kit's cases call `lock-runtime` through its public API only, and [`Harness::runtime`]
+//! returns its `LockRuntime`: use the kit of the same version as `lock-runtime`. A complete
+//! store that passes the kit, over a `tokio::sync::Mutex<HashMap>`, is `tests/map_store.rs`
+//! in this crate's repository.
 
+#[doc(hidden)]
 pub mod attr_suite;
-pub mod jobs;
+mod jobs;
+#[doc(hidden)]
 pub mod suite;
 
 use std::future::Future;
@@ -36,11 +61,12 @@ use lock_runtime::LockRuntime;
 /// A store under test, as the suites see it.
 pub trait Harness: Send + Sync {
     /// A new runtime on the store: one service instance, with an owner of its own. Every
-    /// runtime made from one harness locks the same locks (one shared store).
+    /// runtime made from one harness locks the same locks (one shared store, one namespace).
     fn runtime(&self) -> impl Future<Output = LockRuntime> + Send;
 
-    /// Deletes the record of `key` straight from the storage, behind its holder's back (as an
-    /// operator or a data loss would). Its holder must find out at its next renewal.
+    /// Deletes the record of `key` (in the namespace the harness's runtimes use; `"lock"`
+    /// unless set) straight from the storage, behind its holder's back, as an operator or a
+    /// data loss would. Its holder must find out at its next renewal.
     fn delete_record(&self, key: &str) -> impl Future<Output = ()> + Send;
 }
 
@@ -55,17 +81,23 @@ pub fn __run_case<F: Future<Output = ()>>(case: F) {
     runtime.block_on(case);
 }
 
-/// Generates one `#[test]` per case of the behaviour suite *and* the attribute suite, for the
-/// [`Harness`] the expression makes (evaluated once per case, inside an async block).
+/// Generates a module `$name` with one `#[test]` per case of the behaviour suite *and* the
+/// attribute suite, for the [`Harness`] the expression makes (evaluated once per case, inside
+/// an async block, with the enclosing module's names in scope).
 #[macro_export]
 macro_rules! conformance_suite {
-    ($make:expr) => {
-        $crate::behaviour_suite!($make);
-        $crate::attribute_suite!($make);
+    ($name:ident, $make:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::behaviour_suite!($make);
+            $crate::attribute_suite!($make);
+        }
     };
 }
 
-/// Generates one `#[test]` per behaviour case for the [`Harness`] the expression makes.
+/// Generates one `#[test]` per behaviour case, named after the case, into the current module,
+/// for the [`Harness`] the expression makes.
 #[macro_export]
 macro_rules! behaviour_suite {
     ($make:expr) => {
@@ -99,8 +131,9 @@ macro_rules! behaviour_suite {
     };
 }
 
-/// Generates one `#[test]` per attribute case for the [`Harness`] the expression makes. Each
-/// case runs inside `LockRuntime::scope` of runtimes built on the store.
+/// Generates one `#[test]` per attribute case, named after the case, into the current module,
+/// for the [`Harness`] the expression makes. Each case runs inside `LockRuntime::scope` of
+/// runtimes built on the store.
 #[macro_export]
 macro_rules! attribute_suite {
     ($make:expr) => {

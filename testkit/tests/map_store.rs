@@ -18,7 +18,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 struct Record {
-    token: String,
+    /// `None` once released but kept for `min_hold`: no token matches it, not even the `""`
+    /// the runtime releases with when it only writes a `once` marker.
+    token: Option<String>,
     owner: String,
     fence: u64,
     acquired: Instant,
@@ -43,8 +45,13 @@ struct MapStore {
 
 impl LockStore for MapStore {
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        let now = Instant::now();
         let mut t = self.tables.lock().await;
+        // Read the clock once the tables are ours: the call acts at this instant.
+        let now = Instant::now();
+        // Nothing expired stays behind (keys with arguments in them would pile up). A sweep
+        // per acquire is fine for an example; a real store expires rows in the storage.
+        t.locks.retain(|_, r| r.expires > now);
+        t.done_until.retain(|_, until| *until > now);
         let done = t
             .done_until
             .get(req.names.done())
@@ -62,7 +69,7 @@ impl LockStore for MapStore {
         t.fence += 1;
         let fence = t.fence;
         let record = Record {
-            token: req.token.to_owned(),
+            token: Some(req.token.to_owned()),
             owner: req.owner.to_owned(),
             fence,
             acquired: now,
@@ -79,8 +86,8 @@ impl LockStore for MapStore {
         token: &str,
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        let now = Instant::now();
         let mut t = self.tables.lock().await;
+        let now = Instant::now();
         if let Some(retention) = done_retention {
             t.done_until
                 .insert(names.done().to_owned(), now + retention);
@@ -88,13 +95,13 @@ impl LockStore for MapStore {
         let Some(record) = t.locks.get_mut(names.record()) else {
             return Ok(ReleaseOutcome::NotOwner);
         };
-        if record.token != token || record.expires <= now {
+        if record.token.as_deref() != Some(token) || record.expires <= now {
             return Ok(ReleaseOutcome::NotOwner);
         }
         if record.min_hold_until > now {
             // Kept until min_hold passes, under a value no token equals.
             record.expires = record.expires.min(record.min_hold_until);
-            record.token.clear();
+            record.token = None;
             return Ok(ReleaseOutcome::KeptForMinHold);
         }
         t.locks.remove(names.record());
@@ -104,12 +111,12 @@ impl LockStore for MapStore {
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        let now = Instant::now();
         let mut t = self.tables.lock().await;
+        let now = Instant::now();
         let renewals = items
             .iter()
             .map(|item| match t.locks.get_mut(&item.record) {
-                Some(r) if r.token == item.token && r.expires > now => {
+                Some(r) if r.token.as_deref() == Some(item.token.as_str()) && r.expires > now => {
                     r.expires = r.expires.max(now + item.ttl);
                     Renewal::Renewed
                 }
@@ -119,8 +126,8 @@ impl LockStore for MapStore {
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
-        let now = Instant::now();
         let t = self.tables.lock().await;
+        let now = Instant::now();
         let live = t.locks.get(names.record()).filter(|r| r.expires > now);
         Ok(live
             .map(|r| RecordView::new(&r.owner, r.fence, Some(r.expires - now), now - r.acquired)))
@@ -136,11 +143,15 @@ struct MapHarness(MapStore);
 
 static INSTANCE: AtomicUsize = AtomicUsize::new(0);
 
+/// The namespace of the harness's runtimes; `delete_record` must use the same.
+const NAMESPACE: &str = "map-store-kit";
+
 impl lock_testkit::Harness for MapHarness {
     async fn runtime(&self) -> LockRuntime {
         let instance = INSTANCE.fetch_add(1, Ordering::Relaxed);
         LockRuntime::builder()
             .owner(format!("map-instance-{instance}"))
+            .namespace(NAMESPACE)
             .store(self.0.clone())
             .build()
             .await
@@ -148,9 +159,9 @@ impl lock_testkit::Harness for MapHarness {
     }
 
     async fn delete_record(&self, key: &str) {
-        let names = KeyNames::new("lock", key);
+        let names = KeyNames::new(NAMESPACE, key);
         self.0.tables.lock().await.locks.remove(names.record());
     }
 }
 
-lock_testkit::conformance_suite!(MapHarness(MapStore::default()));
+lock_testkit::conformance_suite!(map_store, MapHarness(MapStore::default()));

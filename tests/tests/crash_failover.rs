@@ -246,7 +246,7 @@ async fn sentinel_trial(
     row: &mut Row,
     rng: &mut XorShift,
 ) {
-    let m = agreed_master(set).expect("a settled set");
+    let m = settle(set).await;
     let master_port = set.servers[m].port();
     let key = format!("sentinel-{}-{i}", race.name().replace(' ', "-"));
     let a = sentinel_runtime(set, replicated).await;
@@ -259,15 +259,37 @@ async fn sentinel_trial(
     drop(a_guard);
     b.shutdown().await;
     a.shutdown().await;
-    // The dead master comes back; the set settles with it as the replica.
+    // The dead master comes back; the next trial settles the set with it as the replica.
     set.servers[m].restart();
-    settle(set).await;
+}
+
+/// A plain connection with 1 s connect, read and write timeouts, so no check can hang.
+fn connect(server: &RedisServer) -> Option<redis::Connection> {
+    let timeout = Some(Duration::from_secs(1));
+    let conn = server
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    conn.set_read_timeout(timeout).ok()?;
+    conn.set_write_timeout(timeout).ok()?;
+    Some(conn)
+}
+
+/// `INFO replication` of `server` as field -> value.
+fn replication_info(server: &RedisServer) -> std::collections::HashMap<String, String> {
+    let info: String = connect(server)
+        .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c).ok())
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
 }
 
 /// The master every sentinel names, as an index into `set.servers`.
 fn agreed_master(set: &SentinelSet) -> Option<usize> {
     let mut named = set.sentinels.iter().map(|s| {
-        let mut conn = s.client().get_connection().ok()?;
+        let mut conn = connect(s)?;
         let (_, port): (String, u16) = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&set.master_name)
@@ -282,42 +304,45 @@ fn agreed_master(set: &SentinelSet) -> Option<usize> {
     set.servers.iter().position(|s| s.port() == first)
 }
 
-/// Waits until the set is ready for the next trial: the sentinels agree on a master, the
-/// other server replicates it (told to, if it does not), a `WAIT` confirms a write, and
-/// every sentinel sees the replica healthy. Sentinels may fail over again meanwhile (one
-/// whose view lagged); the set is then settled around whichever master they agree on.
-async fn settle(set: &SentinelSet) {
+/// Waits until the set is ready for a trial and returns the master's index: the sentinels
+/// agree on a master that says it is one, the other server replicates it (told to, if it
+/// follows no one or another), a `WAIT` confirms a write, and every sentinel sees the replica
+/// healthy. Sentinels may fail over again meanwhile (one whose view lagged); the set is then
+/// settled around whichever master they agree on.
+async fn settle(set: &SentinelSet) -> usize {
     let deadline = Instant::now() + Duration::from_secs(90);
+    let mut waiting_for = "the sentinels to agree on a master";
     loop {
         if let Some(m) = agreed_master(set) {
             let (master, replica) = (&set.servers[m], &set.servers[1 - m]);
-            let follows = replica
-                .client()
-                .get_connection()
-                .and_then(|mut c| {
-                    redis::cmd("INFO")
-                        .arg("replication")
-                        .query::<String>(&mut c)
-                })
-                .is_ok_and(|info| {
-                    info.contains("role:slave")
-                        && info.contains(&format!("master_port:{}", master.port()))
-                });
-            if !follows && let Ok(mut conn) = replica.client().get_connection() {
-                let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
-                    .arg("127.0.0.1")
-                    .arg(master.port())
-                    .query(&mut conn);
-            } else if follows
-                && replica_confirmed(master, "probe").await
-                && sentinels_see_replica(set, replica.port())
+            let info = replication_info(replica);
+            let field = |name: &str| info.get(name).map(String::as_str);
+            let follows = field("role") == Some("slave")
+                && field("master_port") == Some(master.port().to_string().as_str());
+            let master_role = replication_info(master).get("role").cloned();
+            waiting_for = if master_role.as_deref() != Some("master") {
+                "the named master to take the role"
+            } else if !follows {
+                if let Some(mut conn) = connect(replica) {
+                    let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
+                        .arg("127.0.0.1")
+                        .arg(master.port())
+                        .query(&mut conn);
+                }
+                "the other server to follow the master"
+            } else if field("master_link_status") != Some("up")
+                || !replica_confirmed(master, "probe").await
             {
-                return;
-            }
+                "the replica to confirm a write"
+            } else if !sentinels_see_replica(set, replica.port()) {
+                "every sentinel to see the replica healthy"
+            } else {
+                return m;
+            };
         }
         assert!(
             Instant::now() < deadline,
-            "the sentinel set did not settle in 90 s"
+            "the sentinel set did not settle in 90 s: waiting for {waiting_for}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -327,7 +352,7 @@ async fn settle(set: &SentinelSet) {
 /// `slave`): only then can the next failover promote it.
 fn sentinels_see_replica(set: &SentinelSet, port: u16) -> bool {
     set.sentinels.iter().all(|s| {
-        let Ok(mut conn) = s.client().get_connection() else {
+        let Some(mut conn) = connect(s) else {
             return false;
         };
         let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
@@ -365,7 +390,6 @@ async fn sentinel_crash_failovers_are_counted() {
             .query(&mut conn)
             .expect("SENTINEL SET failover-timeout");
     }
-    settle(&set).await;
     let mut rng = XorShift::new(7);
     let mut replicated_doubles = 0;
     let mut repeated = 0;
