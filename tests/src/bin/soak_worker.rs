@@ -5,7 +5,7 @@
 //! write's outcome and the end of each lease go to an event log for the exclusion checker
 //! (`lock_tests::exclusion`). Prints `done` at the end.
 //!
-//! Usage: soak_worker LOCK_URL RESOURCE_URL KEYS SECONDS SEED TASKS LOG_PATH [careless]
+//! Usage: `soak_worker LOCK_URL RESOURCE_URL KEYS SECONDS SEED TASKS LOG_PATH [careless]`
 //!
 //! `careless` makes a worker that the checker must catch: without renewals, it sleeps up to
 //! 1.5 s (ttl 0.6 s) between read and write and never asks whether its lease is lost.
