@@ -192,6 +192,26 @@ impl RedisServer {
             .sum())
     }
 
+    /// True when a replica of this server confirms a fresh write of `probe` within `wait`
+    /// (`SET`, then `WAIT 1`): proof that the replication stream flows, which `INFO`'s
+    /// `master_link_status:up` alone is not. On a Cluster node, `probe` must hash to one of
+    /// the node's slots (a `MOVED` write confirms nothing).
+    pub fn replica_confirms_write(&self, probe: &str, wait: Duration) -> bool {
+        let Ok(mut conn) = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(1))
+        else {
+            return false;
+        };
+        let _ = conn.set_read_timeout(Some(wait + Duration::from_secs(2)));
+        let wrote: redis::RedisResult<()> = redis::cmd("SET").arg(probe).arg(1).query(&mut conn);
+        let acked: redis::RedisResult<i64> = redis::cmd("WAIT")
+            .arg(1)
+            .arg(wait.as_millis() as u64)
+            .query(&mut conn);
+        wrote.is_ok() && matches!(acked, Ok(n) if n >= 1)
+    }
+
     /// Kills the server with SIGKILL and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

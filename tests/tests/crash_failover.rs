@@ -196,30 +196,16 @@ async fn count_b(b: &LockRuntime, key: &str, a: Option<&LockGuard>, row: &mut Ro
     let _ = b_guard.release().await;
 }
 
-/// True when a replica of `master` confirms a fresh write of `probe` (`WAIT`) within half a
-/// second. On a Cluster node, `probe` must hash to one of the node's slots.
-async fn replica_confirmed(master: &RedisServer, probe: &str) -> bool {
-    let Ok(mut conn) = master.client().get_multiplexed_async_connection().await else {
-        return false;
-    };
-    let wrote: redis::RedisResult<()> = redis::cmd("SET")
-        .arg(probe)
-        .arg(1)
-        .query_async(&mut conn)
-        .await;
-    let acked: redis::RedisResult<i64> = redis::cmd("WAIT")
-        .arg(1)
-        .arg(500)
-        .query_async(&mut conn)
-        .await;
-    wrote.is_ok() && matches!(acked, Ok(n) if n >= 1)
+/// True when a replica of `master` confirms a fresh write of `probe` within half a second.
+fn replica_confirmed(master: &RedisServer, probe: &str) -> bool {
+    master.replica_confirms_write(probe, Duration::from_millis(500))
 }
 
 /// Waits until `master`'s replica confirms a fresh write, so the next trial starts with a
 /// replica in sync.
 async fn replica_confirms(master: &RedisServer, probe: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while !replica_confirmed(master, probe).await {
+    while !replica_confirmed(master, probe) {
         assert!(
             Instant::now() < deadline,
             "the replica did not sync in {limit:?}"
@@ -331,7 +317,7 @@ async fn settle(set: &SentinelSet) -> usize {
                 }
                 "the other server to follow the master"
             } else if field("master_link_status") != Some("up")
-                || !replica_confirmed(master, "probe").await
+                || !replica_confirmed(master, "probe")
             {
                 "the replica to confirm a write"
             } else if !sentinels_see_replica(set, replica.port()) {

@@ -118,16 +118,8 @@ impl Soak {
 
     /// True when the replica confirms a fresh write of the master within a second.
     fn replica_in_sync(&self) -> bool {
-        let Ok(mut conn) = self.lock_servers[self.master].client().get_connection() else {
-            return false;
-        };
-        let _ = conn.set_read_timeout(Some(Duration::from_secs(3)));
-        let wrote: redis::RedisResult<()> = redis::cmd("SET")
-            .arg("soak:sync-probe")
-            .arg(self.seed)
-            .query(&mut conn);
-        let acked: redis::RedisResult<i64> = redis::cmd("WAIT").arg(1).arg(1000).query(&mut conn);
-        wrote.is_ok() && matches!(acked, Ok(n) if n >= 1)
+        self.lock_servers[self.master]
+            .replica_confirms_write("soak:sync-probe", Duration::from_secs(1))
     }
 
     /// Makes server `index` a replica of the current master, through the replication proxy
@@ -253,13 +245,16 @@ impl Soak {
             unknown_writers,
             counter_violations,
         } = figures;
-        let excused: usize = report.excused.values().sum();
-        println!(
-            "soak: {} acquisitions by {} worker processes; {increments} increments accepted; \
-             {refused} operations refused as stale by the resource ({} unexplained by a newer \
-             lease); {} operations by superseded holders, {} of them accepted (stale writes \
-             accepted); {excused} overlaps excused {:?}; {} violations; {fence_order} fence \
-             order violations; {} duplicate tokens; {} lost updates",
+        // One list of figures, printed and, with SOAK_RESULTS, written to a file.
+        let json = format!(
+            "{{\n{run},\n  \"cpus\": {},\n  \"acquisitions\": {},\n  \
+             \"worker_processes\": {},\n  \"increments_accepted\": {increments},\n  \
+             \"refused_as_stale\": {refused},\n  \"refused_unexplained\": {},\n  \
+             \"superseded_ops\": {},\n  \"stale_writes_accepted\": {},\n  \
+             \"overlaps_excused\": {:?},\n  \"violations\": {},\n  \
+             \"fence_order_violations\": {fence_order},\n  \"duplicate_tokens\": {},\n  \
+             \"lost_updates\": {},\n  \"faults\": {:?}\n}}\n",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
             report.holdings,
             self.spawned.len(),
             report.refused_unexplained,
@@ -269,30 +264,11 @@ impl Soak {
             report.violations.len(),
             report.duplicate_tokens,
             counter_violations.len(),
+            faults,
         );
-        println!("soak: faults {faults:?}");
+        println!("soak: {json}");
         if let Ok(path) = std::env::var("SOAK_RESULTS") {
-            let json = format!(
-                "{{\n{run},\n  \"cpus\": {},\n  \"acquisitions\": {},\n  \
-                 \"worker_processes\": {},\n  \"increments_accepted\": {increments},\n  \
-                 \"refused_as_stale\": {refused},\n  \"refused_unexplained\": {},\n  \
-                 \"superseded_ops\": {},\n  \"stale_writes_accepted\": {},\n  \
-                 \"overlaps_excused\": {:?},\n  \"violations\": {},\n  \
-                 \"fence_order_violations\": {fence_order},\n  \"duplicate_tokens\": {},\n  \
-                 \"lost_updates\": {},\n  \"faults\": {:?}\n}}\n",
-                std::thread::available_parallelism().map_or(0, |n| n.get()),
-                report.holdings,
-                self.spawned.len(),
-                report.refused_unexplained,
-                report.superseded_ops,
-                report.superseded_accepted,
-                report.excused,
-                report.violations.len(),
-                report.duplicate_tokens,
-                counter_violations.len(),
-                faults,
-            );
-            std::fs::write(&path, json).expect("writing SOAK_RESULTS");
+            std::fs::write(&path, &json).expect("writing SOAK_RESULTS");
             println!("soak: figures written to {path}");
         }
         for v in report.violations.iter().take(10) {
