@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server and openssl (Debian packages) when missing: the tests start their own
-# redis-server processes on free loopback ports and never use a system service.
+# Installs redis-server, openssl and postgresql (Debian packages) when missing: the tests start
+# their own redis-server and PostgreSQL processes on free loopback ports (PostgreSQL from its
+# binaries in /usr/lib/postgresql/<version>/bin, as the `postgres` user when run as root) and
+# never use a system service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +12,7 @@ cd "$(dirname "$0")/.."
 MISSING=""
 command -v redis-server >/dev/null 2>&1 || MISSING="$MISSING redis-server"
 command -v openssl >/dev/null 2>&1 || MISSING="$MISSING openssl"
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
 if [ -n "$MISSING" ]; then
     echo "installing from Debian's packages:$MISSING" >&2
     SUDO=""
@@ -19,6 +22,11 @@ if [ -n "$MISSING" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y $MISSING
 fi
 redis-server --version
+PG_POSTGRES="${PG_BIN_DIR:-}/postgres"
+if [ -z "${PG_BIN_DIR:-}" ]; then
+    for candidate in /usr/lib/postgresql/*/bin/postgres; do PG_POSTGRES="$candidate"; done
+fi
+"$PG_POSTGRES" --version
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -283,11 +283,13 @@ where
         // The nested call's `once` holds for it too: its success leaves its marker now.
         if let Some(ms) = spec.once_ms
             && succeeded(&result)
-            && let Err(e) = runtime
-                .inner
-                .backend
-                .mark_done(&lease.state.names, Duration::from_millis(ms))
-                .await
+            && let Err(e) = Box::pin(
+                runtime
+                    .inner
+                    .backend
+                    .mark_done(&lease.state.names, Duration::from_millis(ms)),
+            )
+            .await
         {
             tracing::warn!(key = %spec.key, error = %e, "could not write the done marker of a re-entrant call");
         }
@@ -306,25 +308,31 @@ where
     if let Some(ms) = spec.once_ms {
         request = request.once(Duration::from_millis(ms));
     }
+    // The store calls below are boxed: their futures are deep (a script call, reconnects, a
+    // quorum's fan-out), and inline they would make every annotated function's future as
+    // deep and as large, enough in a caller's nested async code to reach the compiler's
+    // recursion limit. One allocation per call, next to a round trip to the store.
     let guard = match spec.contention {
-        Contention::Skip | Contention::Error => match request.try_acquire_detailed().await {
-            Ok(TryOutcome::Acquired(guard)) => guard,
-            Ok(TryOutcome::Done) => return Outcome::Skipped,
-            Ok(TryOutcome::Held) if spec.contention == Contention::Skip => {
-                tracing::debug!(key = %spec.key, "lock held elsewhere; skipping");
-                return Outcome::Skipped;
+        Contention::Skip | Contention::Error => {
+            match Box::pin(request.try_acquire_detailed()).await {
+                Ok(TryOutcome::Acquired(guard)) => guard,
+                Ok(TryOutcome::Done) => return Outcome::Skipped,
+                Ok(TryOutcome::Held) if spec.contention == Contention::Skip => {
+                    tracing::debug!(key = %spec.key, "lock held elsewhere; skipping");
+                    return Outcome::Skipped;
+                }
+                Ok(TryOutcome::Held) => {
+                    return Outcome::Failed(LockError::Contended {
+                        key: spec.key.clone(),
+                    });
+                }
+                Err(e) => return Outcome::Failed(e),
             }
-            Ok(TryOutcome::Held) => {
-                return Outcome::Failed(LockError::Contended {
-                    key: spec.key.clone(),
-                });
-            }
-            Err(e) => return Outcome::Failed(e),
-        },
+        }
         Contention::Wait => {
             let waited = match spec.wait_timeout_ms {
-                Some(ms) => request.acquire_timeout(Duration::from_millis(ms)).await,
-                None => request.acquire().await,
+                Some(ms) => Box::pin(request.acquire_timeout(Duration::from_millis(ms))).await,
+                None => Box::pin(request.acquire()).await,
             };
             match waited {
                 Ok(guard) => guard,
@@ -365,9 +373,9 @@ where
     };
     let once = spec.once_ms.is_some() && succeeded(&result);
     let released = if once {
-        guard.complete().await
+        Box::pin(guard.complete()).await
     } else {
-        guard.release().await
+        Box::pin(guard.release()).await
     };
     match released {
         // The lease lapsed while the body ran; `complete` wrote the done marker all the same.

@@ -12,6 +12,8 @@ use crate::store::{
     Backend, CustomStore, DEFAULT_NODE_TIMEOUT, LockStore, RedisBackend, RedisOptions,
     RedlockBackend,
 };
+#[cfg(feature = "postgres")]
+use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -35,6 +37,8 @@ pub struct LockRuntimeBuilder {
     metrics_label: Option<MetricsLabel>,
     tls_root_cert: Option<Vec<u8>>,
     shutdown_grace: Option<Duration>,
+    #[cfg(feature = "postgres")]
+    postgres_table: Option<String>,
 }
 
 enum StoreChoice {
@@ -44,6 +48,8 @@ enum StoreChoice {
     Redlock(Vec<String>),
     Memory(MemoryStore),
     Custom(CustomStore),
+    #[cfg(feature = "postgres")]
+    Postgres(String),
 }
 
 impl StoreChoice {
@@ -55,6 +61,8 @@ impl StoreChoice {
             StoreChoice::Redlock(_) => "redlock",
             StoreChoice::Memory(_) => "memory",
             StoreChoice::Custom(_) => "store",
+            #[cfg(feature = "postgres")]
+            StoreChoice::Postgres(_) => "postgres",
         }
     }
 }
@@ -86,6 +94,8 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             ),
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
             Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
+            #[cfg(feature = "postgres")]
+            Some(StoreChoice::Postgres(url)) => format!("postgres({})", redact_url(url)),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")
@@ -184,6 +194,29 @@ impl LockRuntimeBuilder {
     /// counts as failed for that call (default 250 ms).
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// Lock in a PostgreSQL database (cargo feature `postgres`):
+    /// `postgres://user:password@host:port/database` or the `key=value` form of libpq; the
+    /// password never appears in errors or logs. One row per held lock in one table
+    /// ([`postgres_table`](Self::postgres_table), default `lock_records`, created by `build()`
+    /// if missing), every time from the database's clock, fences from one sequence, waiting
+    /// through `LISTEN`/`NOTIFY`. Each runtime keeps two connections: one for commands, one
+    /// listening. TLS to PostgreSQL is not supported yet.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(self, url: impl Into<String>) -> Self {
+        self.set_store(StoreChoice::Postgres(url.into()))
+    }
+
+    /// With [`postgres`](Self::postgres): the table to lock in (default `lock_records`).
+    /// Lower-case letters, digits and `_`, at most 40 bytes; its sequence is `<table>_fence`
+    /// and its release channel `<table>_released`. For another schema, set the connection's
+    /// `search_path` (`?options=-csearch_path%3Dmy_schema`). If the table is missing and the
+    /// user may not create it, `build()` fails with the SQL to run.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_table(mut self, table: impl Into<String>) -> Self {
+        self.postgres_table = Some(table.into());
         self
     }
 
@@ -293,19 +326,20 @@ impl LockRuntimeBuilder {
                 ));
             }
             check_ttl("replicated_acquire timeout", timeout)?;
-            if matches!(
+            if !matches!(
                 self.store,
-                Some(
-                    StoreChoice::Memory(_)
-                        | StoreChoice::Cluster(_)
-                        | StoreChoice::Redlock(_)
-                        | StoreChoice::Custom(_)
-                )
+                None | Some(StoreChoice::Redis(_) | StoreChoice::Sentinel(..))
             ) {
                 return Err(LockError::config(
                     "replicated_acquire applies to .redis(url) and .redis_sentinel(..) only",
                 ));
             }
+        }
+        #[cfg(feature = "postgres")]
+        if self.postgres_table.is_some() && !matches!(self.store, Some(StoreChoice::Postgres(_))) {
+            return Err(LockError::config(
+                "postgres_table applies to .postgres(url) only",
+            ));
         }
         let backend = match self.store {
             None => {
@@ -316,6 +350,21 @@ impl LockRuntimeBuilder {
             Some(StoreChoice::Memory(store)) => Backend::Memory(store),
             Some(StoreChoice::Custom(store)) => {
                 Backend::Custom(store.with_timeout(command_timeout))
+            }
+            #[cfg(feature = "postgres")]
+            Some(StoreChoice::Postgres(url)) => {
+                // Boxed: the connect future is deep, and callers' futures that build a
+                // runtime would otherwise carry all of its layout.
+                let store = Box::pin(PostgresStore::connect(PostgresOptions {
+                    url,
+                    table: self
+                        .postgres_table
+                        .unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
+                    connect_timeout,
+                    command_timeout,
+                }))
+                .await?;
+                Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))
             }
             Some(StoreChoice::Redlock(urls)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
-use crate::store::{AcquireOutcome, KeyNames};
+use crate::store::{AcquireOutcome, AcquireRequest, KeyNames};
 use crate::watchdog::Command;
 use crate::{BackendError, Lease, LockError, LockGuard, LockRuntime};
 
@@ -207,14 +207,14 @@ impl LockRequest {
         let sent = Instant::now();
         let outcome = inner
             .backend
-            .acquire(
+            .acquire(AcquireRequest {
                 names,
-                &token,
-                &inner.owner,
+                token: &token,
+                owner: &inner.owner,
                 ttl,
-                self.min_hold,
-                self.done_retention.is_some(),
-            )
+                min_hold: self.min_hold,
+                once: self.done_retention.is_some(),
+            })
             .await;
         match outcome? {
             AcquireOutcome::Acquired { fence } => {

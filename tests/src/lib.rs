@@ -1,15 +1,17 @@
-//! Test support for the lock-runtime tests: real Redis servers, a fault proxy, the deterministic
+//! Test support for the lock-runtime tests: real Redis and PostgreSQL servers, a fault proxy, the deterministic
 //! simulation and the real-process exclusion checker. The suites every store runs live in the
 //! public conformance kit, `lock-testkit`.
 
 pub mod exclusion;
 pub mod fenced;
+pub mod postgres;
 pub mod proxy;
 pub mod rng;
 pub mod server;
 pub mod sim;
 pub mod store;
 
+pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
 pub use server::{RedisCluster, RedisServer, SentinelSet};
 pub use store::TestStore;

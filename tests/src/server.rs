@@ -34,7 +34,7 @@ pub fn redis_server_binary() -> PathBuf {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
     listener
         .local_addr()

@@ -1,10 +1,10 @@
-//! A store under test: the memory store, or a real Redis server.
+//! A store under test: the memory store, or real Redis or PostgreSQL servers.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore};
 
-use crate::{RedisCluster, RedisServer, SentinelSet};
+use crate::{PostgresServer, RedisCluster, RedisServer, SentinelSet};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -22,6 +22,8 @@ pub enum TestStore {
     Cluster(RedisCluster),
     /// One master, one replica, three sentinels.
     Sentinel(SentinelSet),
+    /// A PostgreSQL server started for the test (the default table).
+    Postgres(PostgresServer),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -52,6 +54,11 @@ impl TestStore {
         TestStore::Sentinel(SentinelSet::start())
     }
 
+    /// A fresh PostgreSQL server.
+    pub fn postgres() -> Self {
+        TestStore::Postgres(PostgresServer::start())
+    }
+
     /// Five fresh redis-servers for Redlock.
     pub fn redlock() -> Self {
         TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
@@ -70,6 +77,7 @@ impl TestStore {
             TestStore::Sentinel(set) => builder
                 .redis_sentinel(&set.master_name, set.sentinel_urls())
                 .replicated_acquire(1, std::time::Duration::from_secs(1)),
+            TestStore::Postgres(server) => builder.postgres(server.url()),
         };
         builder
             .build()
@@ -95,6 +103,16 @@ impl TestStore {
                     .find(|s| s.port() == port)
                     .expect("a server of the set");
                 delete_on(master, key).await;
+            }
+            TestStore::Postgres(server) => {
+                let client = server.client().await;
+                client
+                    .execute(
+                        "DELETE FROM lock_records WHERE key = $1",
+                        &[&format!("lock:{{{key}}}")],
+                    )
+                    .await
+                    .expect("DELETE of a lock row");
             }
             TestStore::Cluster(cluster) => {
                 let mut conn = cluster

@@ -1,7 +1,8 @@
 //! The stores a runtime can lock in.
 //!
-//! The built-in stores sit behind one enum, so each call is a plain `match`; any other store
-//! implements [`LockStore`] and is plugged in with
+//! Every store, the built-in ones included, implements [`LockStore`], and the runtime calls
+//! nothing else; the built-in stores sit behind one enum, so their calls are a plain `match`
+//! rather than a boxed future. Any other store is plugged in with
 //! [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store). The runtime brings
 //! everything else (tokens, validity, the watchdog, waiting, shutdown); a store answers the
 //! five calls of [`LockStore`] with the semantics written on each.
@@ -13,15 +14,20 @@ use std::time::Duration;
 
 use crate::LockError;
 
+mod builtin;
 mod conn;
 mod hub;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis;
 mod redlock;
 mod sentinel;
 
 pub use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore};
 pub(crate) use redis::{RedisBackend, RedisOptions};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 
@@ -500,30 +506,17 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// Every store answers through [`LockStore`]; the match only saves the built-in stores a
+    /// boxed future per call.
     pub(crate) async fn acquire(
         &self,
-        names: &KeyNames,
-        token: &str,
-        owner: &str,
-        ttl: Duration,
-        min_hold: Duration,
-        once: bool,
+        request: AcquireRequest<'_>,
     ) -> Result<AcquireOutcome, LockError> {
         match self {
-            Backend::Redis(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
-            Backend::Redlock(r) => r.acquire(names, token, owner, ttl, min_hold, once).await,
-            Backend::Memory(m) => Ok(m.acquire(names, token, owner, ttl, min_hold, once)),
-            Backend::Custom(c) => {
-                let request = AcquireRequest {
-                    names,
-                    token,
-                    owner,
-                    ttl,
-                    min_hold,
-                    once,
-                };
-                c.bounded("an acquire", c.store.acquire(request)).await
-            }
+            Backend::Redis(r) => LockStore::acquire(r, request).await,
+            Backend::Redlock(r) => LockStore::acquire(r, request).await,
+            Backend::Memory(m) => LockStore::acquire(m, request).await,
+            Backend::Custom(c) => c.bounded("an acquire", c.store.acquire(request)).await,
         }
     }
 
@@ -534,9 +527,9 @@ impl Backend {
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         match self {
-            Backend::Redis(r) => r.release(names, token, done_retention).await,
-            Backend::Redlock(r) => r.release(names, token, done_retention).await,
-            Backend::Memory(m) => Ok(m.release(names, token, done_retention)),
+            Backend::Redis(r) => LockStore::release(r, names, token, done_retention).await,
+            Backend::Redlock(r) => LockStore::release(r, names, token, done_retention).await,
+            Backend::Memory(m) => LockStore::release(m, names, token, done_retention).await,
             Backend::Custom(c) => {
                 c.bounded("a release", c.store.release(names, token, done_retention))
                     .await
@@ -560,23 +553,18 @@ impl Backend {
     /// only its own items, which answer [`Renewal::Unknown`].
     pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         match self {
-            Backend::Redis(r) => r.extend(items).await,
-            Backend::Redlock(r) => Ok(r
-                .extend(items)
-                .await?
-                .into_iter()
-                .map(Renewal::from)
-                .collect()),
-            Backend::Memory(m) => Ok(m.extend(items)),
+            Backend::Redis(r) => LockStore::extend(r, items).await,
+            Backend::Redlock(r) => LockStore::extend(r, items).await,
+            Backend::Memory(m) => LockStore::extend(m, items).await,
             Backend::Custom(c) => c.bounded("a renewal", c.store.extend(items)).await,
         }
     }
 
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         match self {
-            Backend::Redis(r) => r.inspect(names).await,
-            Backend::Redlock(r) => r.inspect(names).await,
-            Backend::Memory(m) => Ok(m.inspect(names)),
+            Backend::Redis(r) => LockStore::inspect(r, names).await,
+            Backend::Redlock(r) => LockStore::inspect(r, names).await,
+            Backend::Memory(m) => LockStore::inspect(m, names).await,
             Backend::Custom(c) => c.bounded("an inspect", c.store.inspect(names)).await,
         }
     }
@@ -585,9 +573,9 @@ impl Backend {
     /// release published after this returns is never missed.
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         match self {
-            Backend::Redis(r) => r.watch_releases(names).await,
-            Backend::Redlock(r) => r.watch_releases(names).await,
-            Backend::Memory(m) => Ok(m.watch_releases(names)),
+            Backend::Redis(r) => LockStore::watch_releases(r, names).await,
+            Backend::Redlock(r) => LockStore::watch_releases(r, names).await,
+            Backend::Memory(m) => LockStore::watch_releases(m, names).await,
             Backend::Custom(c) => c.bounded("a watch", c.store.watch_releases(names)).await,
         }
     }

@@ -1,0 +1,513 @@
+//! Locks in one PostgreSQL table (cargo feature `postgres`).
+//!
+//! One row per lock (`key` is the record name `<ns>:{<key>}`), written by one statement per
+//! operation on the database's clock; fences come from one sequence, so they strictly
+//! increase per lock across restarts although released rows are deleted. Commands go over one
+//! pipelining connection, re-opened when it breaks; releases are announced with `NOTIFY` on
+//! one channel per table, which one `LISTEN`ing connection per runtime fans out to waiters.
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use super::{
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal,
+};
+use crate::config::redact_url;
+use crate::{BackendError, LockError};
+
+mod listener;
+mod sql;
+
+use listener::Listener;
+use sql::Table;
+
+/// The table a runtime locks in unless `postgres_table` names another.
+pub(crate) const DEFAULT_TABLE: &str = "lock_records";
+
+/// How often each runtime deletes rows that hold nothing any more (crashed holders' locks;
+/// released ones are deleted at once).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// What `build()` needs to open the store.
+#[derive(Debug)]
+pub(crate) struct PostgresOptions {
+    pub(crate) url: String,
+    pub(crate) table: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
+/// The PostgreSQL store of one runtime.
+pub(crate) struct PostgresStore {
+    shared: Arc<Shared>,
+    listener: Listener,
+    sweeper: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.shared.shown)
+            .field("table", &self.shared.table.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+/// What the store's calls and its background tasks share.
+struct Shared {
+    config: tokio_postgres::Config,
+    /// The URL with its password replaced, for messages.
+    shown: String,
+    /// The password, scrubbed from every driver message.
+    secret: Option<String>,
+    table: Table,
+    command_timeout: Duration,
+    /// The open command connection; `None` after it broke, until the next call re-opens it.
+    session: Mutex<Option<Arc<Session>>>,
+    /// One re-connect at a time.
+    reconnect: tokio::sync::Mutex<()>,
+}
+
+/// One command connection with its statements prepared.
+struct Session {
+    client: Client,
+    acquire: Statement,
+    release: Statement,
+    extend: Statement,
+    inspect: Statement,
+    sweep: Statement,
+}
+
+impl PostgresStore {
+    /// Connects, creates the table if it is missing, prepares the statements and starts
+    /// listening for releases; every failure is reported here, not at the first lock.
+    pub(crate) async fn connect(options: PostgresOptions) -> Result<Self, LockError> {
+        let shown = shown_url(&options.url);
+        let mut config = tokio_postgres::Config::from_str(&options.url)
+            .map_err(|e| LockError::config(format!("cannot read PostgreSQL URL `{shown}`: {e}")))?;
+        config
+            .connect_timeout(options.connect_timeout)
+            .keepalives(true)
+            .application_name("lock-runtime");
+        let secret = config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let table = Table::new(&options.table).map_err(LockError::config)?;
+        let shared = Arc::new(Shared {
+            config,
+            shown,
+            secret,
+            table,
+            command_timeout: options.command_timeout,
+            session: Mutex::new(None),
+            reconnect: tokio::sync::Mutex::new(()),
+        });
+        let client = shared.open().await?;
+        shared.ensure_table(&client).await?;
+        let session = shared.prepare(client).await?;
+        shared.sweep(&session).await;
+        *lock(&shared.session) = Some(Arc::new(session));
+        let listener = Listener::start(
+            shared.config.clone(),
+            shared.table.channel.clone(),
+            options.connect_timeout,
+        )
+        .await
+        .map_err(|e| shared.error("cannot LISTEN for releases", e))?;
+        let sweeper = tokio::spawn(sweep_loop(Arc::downgrade(&shared)));
+        Ok(PostgresStore {
+            shared,
+            listener,
+            sweeper,
+        })
+    }
+
+    fn hub(&self) -> &Arc<ReleaseHub> {
+        self.listener.hub()
+    }
+}
+
+impl Shared {
+    fn error(&self, context: &str, e: tokio_postgres::Error) -> LockError {
+        pg_error(
+            &format!("{context} (PostgreSQL at `{}`)", self.shown),
+            e,
+            self.secret.as_deref(),
+        )
+        .into()
+    }
+
+    /// Opens a command connection; its driver runs on its own task until the client drops.
+    async fn open(&self) -> Result<Client, LockError> {
+        let (client, connection) = self
+            .config
+            .connect(NoTls)
+            .await
+            .map_err(|e| self.error("cannot connect", e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL command connection ended");
+            }
+        });
+        // The server gives up on a statement when the runtime does, so nothing it cut off
+        // keeps a row locked behind its back.
+        let timeout_ms = self.command_timeout.as_millis().max(1);
+        client
+            .batch_execute(&format!("SET statement_timeout = {timeout_ms}"))
+            .await
+            .map_err(|e| self.error("cannot set statement_timeout", e))?;
+        Ok(client)
+    }
+
+    /// Creates the table and its sequence unless both exist; a user who may not create them
+    /// is told what to run instead.
+    async fn ensure_table(&self, client: &Client) -> Result<(), LockError> {
+        if self
+            .table_exists(client)
+            .await
+            .map_err(|e| self.error("cannot look up the lock table", e))?
+        {
+            return Ok(());
+        }
+        match client.batch_execute(&self.table.create()).await {
+            Ok(()) => Ok(()),
+            // Another runtime created it at the same moment.
+            Err(_) if self.table_exists(client).await.unwrap_or(false) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                Err(LockError::config(format!(
+                    "the lock table `{}` does not exist and this user may not create it \
+                     (PostgreSQL at `{}`): create it once as its owner with this SQL: {}",
+                    self.table.name,
+                    self.shown,
+                    self.table
+                        .create()
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )))
+            }
+            Err(e) => Err(self.error("cannot create the lock table", e)),
+        }
+    }
+
+    async fn table_exists(&self, client: &Client) -> Result<bool, tokio_postgres::Error> {
+        let t = &self.table;
+        client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+                &[&t.name, &t.sequence],
+            )
+            .await?
+            .try_get(0)
+    }
+
+    async fn prepare(&self, client: Client) -> Result<Session, LockError> {
+        let t = &self.table;
+        let prepare = |sql: String| {
+            let client = &client;
+            async move { client.prepare(&sql).await }
+        };
+        let statements = async {
+            Ok::<_, tokio_postgres::Error>((
+                prepare(t.acquire()).await?,
+                prepare(t.release()).await?,
+                prepare(t.extend()).await?,
+                prepare(t.inspect()).await?,
+                prepare(t.sweep()).await?,
+            ))
+        };
+        let (acquire, release, extend, inspect, sweep) = statements
+            .await
+            .map_err(|e| self.error("cannot prepare the lock statements", e))?;
+        Ok(Session {
+            client,
+            acquire,
+            release,
+            extend,
+            inspect,
+            sweep,
+        })
+    }
+
+    /// The open command connection, re-opened if it broke.
+    async fn session(&self) -> Result<Arc<Session>, LockError> {
+        if let Some(s) = lock(&self.session)
+            .as_ref()
+            .filter(|s| !s.client.is_closed())
+        {
+            return Ok(s.clone());
+        }
+        let _one = self.reconnect.lock().await;
+        if let Some(s) = lock(&self.session)
+            .as_ref()
+            .filter(|s| !s.client.is_closed())
+        {
+            return Ok(s.clone());
+        }
+        let session = Arc::new(self.prepare(self.open().await?).await?);
+        *lock(&self.session) = Some(session.clone());
+        Ok(session)
+    }
+
+    /// Deletes rows that hold nothing any more; a failure only waits for the next round.
+    async fn sweep(&self, session: &Session) {
+        match session.client.execute(&session.sweep, &[]).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(rows = n, table = %self.table.name, "swept expired locks"),
+            Err(e) => tracing::debug!(error = %e, "sweeping expired locks failed"),
+        }
+    }
+}
+
+async fn sweep_loop(shared: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if let Ok(session) = shared.session().await {
+            shared.sweep(&session).await;
+        }
+    }
+}
+
+impl LockStore for PostgresStore {
+    async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let s = self.shared.session().await?;
+        let ttl = millis(r.ttl);
+        let min_hold = millis(r.min_hold);
+        // A row committed after this statement's snapshot was taken refuses the grant but is
+        // not in the snapshot the holder's expiry is read from; asking again sees it.
+        for _ in 0..3 {
+            let row = s
+                .client
+                .query_one(
+                    &s.acquire,
+                    &[
+                        &r.names.record(),
+                        &r.token,
+                        &r.owner,
+                        &ttl,
+                        &min_hold,
+                        &r.once,
+                    ],
+                )
+                .await
+                .map_err(|e| self.shared.error("acquire failed", e))?;
+            let fence: Option<i64> = row.try_get(0).map_err(|e| self.decode(e))?;
+            let held: Option<i64> = row.try_get(1).map_err(|e| self.decode(e))?;
+            let done: Option<i64> = row.try_get(2).map_err(|e| self.decode(e))?;
+            if let Some(fence) = fence {
+                return Ok(AcquireOutcome::Acquired {
+                    fence: u64::try_from(fence).unwrap_or(0),
+                });
+            }
+            if r.once && done.is_some() {
+                return Ok(AcquireOutcome::Done {
+                    pttl: done.map(duration),
+                });
+            }
+            if held.is_some() {
+                return Ok(AcquireOutcome::Held {
+                    pttl: held.map(duration),
+                });
+            }
+        }
+        Ok(AcquireOutcome::Held { pttl: None })
+    }
+
+    async fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let s = self.shared.session().await?;
+        let retention = done_retention.map(millis);
+        let row = s
+            .client
+            .query_one(
+                &s.release,
+                &[&names.record(), &token, &retention, &names.channel()],
+            )
+            .await
+            .map_err(|e| self.shared.error("release failed", e))?;
+        let outcome: &str = row.try_get(0).map_err(|e| self.decode(e))?;
+        Ok(match outcome {
+            "released" => ReleaseOutcome::Released,
+            "kept" => ReleaseOutcome::KeptForMinHold,
+            _ => ReleaseOutcome::NotOwner,
+        })
+    }
+
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+        let s = self.shared.session().await?;
+        let keys: Vec<&str> = items.iter().map(|i| i.record.as_str()).collect();
+        let tokens: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
+        let rows = s
+            .client
+            .query(&s.extend, &[&keys, &tokens, &ttls])
+            .await
+            .map_err(|e| self.shared.error("renewal failed", e))?;
+        let mut renewed = std::collections::HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get(0).map_err(|e| self.decode(e))?;
+            let token: String = row.try_get(1).map_err(|e| self.decode(e))?;
+            renewed.insert((key, token));
+        }
+        Ok(items
+            .iter()
+            .map(|i| Renewal::from(renewed.contains(&(i.record.clone(), i.token.clone()))))
+            .collect())
+    }
+
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+        let s = self.shared.session().await?;
+        let row = s
+            .client
+            .query_opt(&s.inspect, &[&names.record()])
+            .await
+            .map_err(|e| self.shared.error("inspect failed", e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let owner: String = row.try_get(0).map_err(|e| self.decode(e))?;
+        let fence: i64 = row.try_get(1).map_err(|e| self.decode(e))?;
+        let left: i64 = row.try_get(2).map_err(|e| self.decode(e))?;
+        let held: i64 = row.try_get(3).map_err(|e| self.decode(e))?;
+        Ok(Some(RecordView::new(
+            owner,
+            u64::try_from(fence).unwrap_or(0),
+            Some(duration(left)),
+            duration(held),
+        )))
+    }
+
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        // Registered before the check, so a release announced once the listener is live
+        // cannot slip between the two.
+        let watch = self.hub().subscribe(names.channel());
+        if self.listener.wait_live(self.shared.command_timeout).await {
+            Ok(watch)
+        } else {
+            Err(BackendError::transient(format!(
+                "cannot wait for `{}`: not listening for releases (PostgreSQL at `{}` \
+                 unreachable); retrying",
+                names.key(),
+                self.shared.shown
+            ))
+            .into())
+        }
+    }
+}
+
+impl PostgresStore {
+    fn decode(&self, e: tokio_postgres::Error) -> LockError {
+        self.shared.error("unexpected answer", e)
+    }
+}
+
+/// Whole milliseconds, rounded up, as PostgreSQL's `bigint`.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+fn duration(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A driver error as a [`BackendError`] with the password removed. Transient: no connection,
+/// a connection that broke, the server shutting down or restarting, a statement cut off by
+/// `statement_timeout`, a deadlock or serialization failure (both retryable by definition).
+fn pg_error(context: &str, e: tokio_postgres::Error, secret: Option<&str>) -> BackendError {
+    let transient = match e.code() {
+        None => true,
+        Some(code) => [
+            SqlState::QUERY_CANCELED,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::CONNECTION_FAILURE,
+        ]
+        .contains(code),
+    };
+    // A server's message ("password authentication failed ...") is clearer than the driver's
+    // summary ("db error").
+    let mut text = match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    };
+    if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "***");
+    }
+    let message = format!("{context}: {text}");
+    if transient {
+        BackendError::transient(message)
+    } else {
+        BackendError::new(message)
+    }
+}
+
+/// A PostgreSQL URL for messages: the password of the user part and a `password=` parameter
+/// replaced by `***`.
+fn shown_url(url: &str) -> String {
+    let shown = redact_url(url);
+    match shown.find("password=") {
+        None => shown,
+        Some(at) => {
+            let value = at + "password=".len();
+            let end = shown[value..]
+                .find(['&', ' '])
+                .map_or(shown.len(), |i| value + i);
+            format!("{}***{}", &shown[..value], &shown[end..])
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_passwords() {
+        assert_eq!(
+            shown_url("postgres://app:hunter2@127.0.0.1:5432/db"),
+            "postgres://app:***@127.0.0.1:5432/db"
+        );
+        assert_eq!(
+            shown_url("postgres://127.0.0.1/db?user=app&password=hunter2&sslmode=disable"),
+            "postgres://127.0.0.1/db?user=app&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            shown_url("host=127.0.0.1 password=hunter2 user=app"),
+            "host=127.0.0.1 password=*** user=app"
+        );
+    }
+
+    #[test]
+    fn milliseconds_round_up() {
+        assert_eq!(millis(Duration::from_micros(1)), 1);
+        assert_eq!(millis(Duration::from_millis(30_000)), 30_000);
+        assert_eq!(duration(-5), Duration::ZERO);
+    }
+}

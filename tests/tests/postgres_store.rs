@@ -1,0 +1,360 @@
+//! What only the PostgreSQL store has: its table, its errors, and its faults (a restart, a
+//! terminated backend, a statement timeout, a dropped listening connection), each on a real
+//! server started by the test.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::PostgresServer;
+use lock_tests::postgres::PG_PASSWORD;
+
+async fn runtime(server: &PostgresServer, owner: &str) -> LockRuntime {
+    LockRuntime::builder()
+        .postgres(server.url())
+        .owner(owner)
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("building a runtime on the test PostgreSQL")
+}
+
+async fn rows(server: &PostgresServer) -> i64 {
+    server
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM lock_records", &[])
+        .await
+        .expect("counting rows")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_names_are_config_errors_without_the_password() {
+    let err = LockRuntime::builder()
+        .postgres("postgres://app:hunter2@127.0.0.1:notaport/db")
+        .build()
+        .await
+        .expect_err("an unparsable URL");
+    let text = err.to_string();
+    assert!(matches!(err, LockError::Config(_)), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("app:***"), "{text}");
+
+    for bad in ["Locks", "locks;drop", "", &"t".repeat(41)] {
+        let err = LockRuntime::builder()
+            .postgres("postgres://127.0.0.1:1/db")
+            .postgres_table(bad)
+            .build()
+            .await
+            .expect_err("a bad table name");
+        assert!(matches!(err, LockError::Config(_)), "{bad:?}: {err}");
+    }
+    let err = LockRuntime::builder()
+        .memory(lock_runtime::MemoryStore::new())
+        .postgres_table("locks")
+        .build()
+        .await
+        .expect_err("postgres_table without postgres");
+    assert!(err.to_string().contains("postgres_table"), "{err}");
+
+    // Nothing listens on the port: a transient error naming the server, at build().
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("bound").port()
+    };
+    let err = LockRuntime::builder()
+        .postgres(format!("postgres://app:hunter2@127.0.0.1:{port}/db"))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("no server");
+    let text = err.to_string();
+    assert!(err.is_transient(), "{text}");
+    assert!(
+        text.contains(&port.to_string()) && !text.contains("hunter2"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_and_never_printed() {
+    let server = PostgresServer::start();
+    let url = server.url().replace(PG_PASSWORD, "wrong-password-2718");
+    let builder = LockRuntime::builder().postgres(&url);
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("wrong-password-2718"), "{shown}");
+    let err = builder.build().await.expect_err("a wrong password");
+    let text = format!("{err} {err:?}");
+    assert!(
+        !err.is_transient(),
+        "a wrong password is not cured by retrying: {text}"
+    );
+    assert!(text.contains("password authentication failed"), "{text}");
+    assert!(!text.contains("wrong-password-2718"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_without_create_permission_is_explained() {
+    let server = PostgresServer::start();
+    let admin = server.client().await;
+    // PostgreSQL 15 and later let only the owner create in schema `public`.
+    admin
+        .batch_execute("CREATE ROLE app LOGIN PASSWORD 'app-pw-1618'; REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
+        .await
+        .expect("creating a role without CREATE");
+    let url = format!(
+        "postgres://app:app-pw-1618@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    let err = LockRuntime::builder()
+        .postgres(&url)
+        .postgres_table("job_locks")
+        .build()
+        .await
+        .expect_err("no table and no right to create it");
+    let text = err.to_string();
+    assert!(matches!(err, LockError::Config(_)), "{text}");
+    assert!(
+        text.contains("CREATE TABLE IF NOT EXISTS job_locks"),
+        "{text}"
+    );
+    assert!(!text.contains("app-pw-1618"), "{text}");
+
+    // The documented migration, run by the owner, and the grants the store needs.
+    let sql = text
+        .split("with this SQL: ")
+        .nth(1)
+        .expect("the message carries the SQL");
+    admin
+        .batch_execute(sql)
+        .await
+        .expect("the SQL of the message runs");
+    admin
+        .batch_execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON job_locks TO app; \
+             GRANT USAGE ON SEQUENCE job_locks_fence TO app;",
+        )
+        .await
+        .expect("grants");
+    let rt = LockRuntime::builder()
+        .postgres(&url)
+        .postgres_table("job_locks")
+        .build()
+        .await
+        .expect("the table exists now");
+    let guard = rt.lock("nightly").try_acquire().await.expect("acquire");
+    assert!(guard.expect("free").release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_rows_are_deleted_and_expired_ones_swept() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    for i in 0..20 {
+        let guard = a
+            .lock(format!("job-{i}"))
+            .try_acquire()
+            .await
+            .expect("acquire");
+        assert!(guard.expect("free").release().await.expect("release"));
+    }
+    assert_eq!(rows(&server).await, 0, "a release deletes its row");
+
+    // A done marker keeps its row until the retention ends.
+    let guard = a
+        .lock("once-job")
+        .once(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(guard.complete().await.expect("complete"));
+    assert_eq!(rows(&server).await, 1, "the done marker's row stays");
+
+    // What crashed holders leave: rows long expired. The next runtime's build sweeps them.
+    server
+        .client()
+        .await
+        .batch_execute(
+            "INSERT INTO lock_records (key, token, owner, fence, acquired_at, expires_at, min_hold_until)
+             SELECT 'lock:{crashed-' || i || '}', md5(i::text), 'gone', i,
+                    now() - interval '1 hour', now() - interval '5 seconds', now() - interval '1 hour'
+             FROM generate_series(1, 300) i",
+        )
+        .await
+        .expect("inserting expired rows");
+    assert_eq!(rows(&server).await, 301);
+    let _b = runtime(&server, "b").await;
+    assert_eq!(
+        rows(&server).await,
+        1,
+        "expired rows swept, the live marker kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_rising() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    let b = runtime(&server, "b").await;
+    let ttl = Duration::from_secs(6);
+    let first = a
+        .lock("ledger")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire");
+    let first = first.expect("free");
+    let fence_before = first.lease().fence();
+
+    // A waiter is parked when the server goes away.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.lock("ledger")
+                .acquire_timeout(Duration::from_secs(40))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.restart();
+        server
+    })
+    .await
+    .expect("restarting");
+
+    // The committed row survived the crash; the watchdog reconnects and renews it in time.
+    tokio::time::sleep(ttl).await;
+    assert!(
+        !first.lease().is_lost(),
+        "the lease was renewed across the restart"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "the waiter is still waiting while A holds"
+    );
+    let released_at = Instant::now();
+    assert!(first.release().await.expect("release"));
+    let second = waiter
+        .await
+        .expect("the waiter task")
+        .expect("the waiter gets the lock");
+    let woke = released_at.elapsed();
+    assert!(
+        woke < Duration::from_secs(2),
+        "the waiter woke {woke:?} after the release: the listener did not come back"
+    );
+    assert!(
+        second.lease().fence() > fence_before,
+        "fence after the restart {} <= before {fence_before}",
+        second.lease().fence()
+    );
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backends_cost_no_lease_and_no_wake_up() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    let b = runtime(&server, "b").await;
+    let ttl = Duration::from_secs(3);
+    let held = a
+        .lock("report")
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire");
+    let held = held.expect("free");
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.lock("report")
+                .acquire_timeout(Duration::from_secs(30))
+                .await
+        })
+    };
+    let admin = server.client().await;
+    // Every connection of both runtimes (commands and listening), three times over a ttl.
+    for _ in 0..3 {
+        let killed: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE application_name = 'lock-runtime' AND pid <> pg_backend_pid()) t",
+                &[],
+            )
+            .await
+            .expect("pg_terminate_backend")
+            .get(0);
+        assert!(killed >= 2, "terminated {killed} connections");
+        tokio::time::sleep(ttl / 2).await;
+    }
+    assert!(!held.lease().is_lost(), "renewals reconnected in time");
+    assert!(!waiter.is_finished());
+    let released_at = Instant::now();
+    assert!(held.release().await.expect("release"));
+    let got = waiter
+        .await
+        .expect("task")
+        .expect("the waiter gets the lock");
+    assert!(
+        released_at.elapsed() < Duration::from_secs(2),
+        "woke {:?} after the release",
+        released_at.elapsed()
+    );
+    drop(got);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_stuck_behind_a_row_lock_times_out_as_a_transient_error() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    let b = runtime(&server, "b").await;
+    let held = a
+        .lock("payroll")
+        .ttl(Duration::from_secs(20))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    // Another session holds the row's lock in an open transaction.
+    let mut admin = server.client().await;
+    let tx = admin.transaction().await.expect("BEGIN");
+    tx.execute(
+        "SELECT 1 FROM lock_records WHERE key = 'lock:{payroll}' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("row lock");
+    let started = Instant::now();
+    let err = b
+        .lock("payroll")
+        .try_acquire()
+        .await
+        .expect_err("blocked behind the row lock");
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the command timeout (2 s) bounds it: {:?}",
+        started.elapsed()
+    );
+    tx.rollback().await.expect("ROLLBACK");
+    assert!(
+        b.lock("payroll")
+            .try_acquire()
+            .await
+            .expect("answers again")
+            .is_none(),
+        "A still holds it"
+    );
+    assert!(!held.lease().is_lost());
+    assert!(held.release().await.expect("release"));
+    assert!(
+        b.lock("payroll")
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .is_some()
+    );
+}
