@@ -5,6 +5,7 @@
 //!     cargo run --release -p lock-bench              # full run (a few minutes)
 //!     cargo run --release -p lock-bench -- --quick   # seconds; what CI runs
 //!     cargo run --release -p lock-bench -- --json results.json
+//!     cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use lock_tests::RedisServer;
 use serde_json::json;
 
 mod peers;
+mod pg;
 mod rows;
 mod sys;
 
@@ -78,16 +80,25 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut mode = &FULL;
     let mut json_path = None;
+    let mut postgres_only = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--quick" => mode = &QUICK,
+            "--postgres-only" => postgres_only = true,
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
-            other => anyhow::bail!("unknown argument `{other}`; use --quick and/or --json PATH"),
+            other => anyhow::bail!(
+                "unknown argument `{other}`; use --quick, --postgres-only and/or --json PATH"
+            ),
         }
     }
     if cfg!(debug_assertions) {
         eprintln!("note: a debug build; run with --release for numbers worth quoting");
+    }
+    if postgres_only {
+        let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
+        print_pg(&pg);
+        return Ok(());
     }
     let server = RedisServer::start();
     let url = server.url();
@@ -129,7 +140,11 @@ async fn main() -> anyhow::Result<()> {
     let one: Vec<f64> = one_t.iter().map(|t| t.pairs_per_s).collect();
     let many: Vec<f64> = many_t.iter().map(|t| t.pairs_per_s).collect();
 
-    let (ours_p50, ours_p99) = rows::percentiles(rows::handoff_ours(&url, mode.handoffs).await?);
+    let (ours_p50, ours_p99) = {
+        let holder = LockRuntime::builder().redis(url.as_str()).build().await?;
+        let waiter = LockRuntime::builder().redis(url.as_str()).build().await?;
+        rows::percentiles(rows::handoff_ours(holder, waiter, mode.handoffs).await?)
+    };
     let (rs_p50, rs_p99) = rows::percentiles(rows::handoff_rslock(&url, mode.handoffs).await?);
     let (poll_p50, poll_p99) =
         rows::percentiles(rows::handoff_poll(&url, mode.poll_handoffs).await?);
@@ -138,6 +153,8 @@ async fn main() -> anyhow::Result<()> {
         rows::macro_overhead(&ours_runtime, mode.macro_slices, mode.macro_slice).await?;
 
     let counts = rows::fairness(&url, 4, 4, mode.fairness).await?;
+
+    let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
     let min = counts.iter().copied().min().unwrap_or(0);
     let max = counts.iter().copied().max().unwrap_or(0);
     let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
@@ -175,6 +192,7 @@ async fn main() -> anyhow::Result<()> {
         ms(poll_p50),
         ms(poll_p99)
     );
+    print_pg(&pg);
     println!(
         "| 4. fairness, 16 waiters (4 runtimes x 4), {:?} | ours | acquisitions per waiter min {min} / mean {mean:.1} / max {max} | min = {:.0}% of mean |",
         mode.fairness,
@@ -264,6 +282,21 @@ async fn main() -> anyhow::Result<()> {
             big.cpu_percent < 100.0,
             format!("{:.1}% CPU", big.cpu_percent),
         ),
+        (
+            "PostgreSQL row 1: ours >= 0.9x hand-written",
+            pg.one[1] / pg.one[0] >= 0.9,
+            format!("{:.2}x", pg.one[1] / pg.one[0]),
+        ),
+        (
+            "PostgreSQL row 2: ours >= 0.9x hand-written",
+            pg.many[1] / pg.many[0] >= 0.9,
+            format!("{:.2}x", pg.many[1] / pg.many[0]),
+        ),
+        (
+            "PostgreSQL row 3: handoff p50 <= 2 ms",
+            pg.handoff_p50 <= Duration::from_millis(2),
+            format!("{:.2} ms", ms(pg.handoff_p50)),
+        ),
     ];
     println!(
         "\ntargets ({} mode{}):",
@@ -275,7 +308,7 @@ async fn main() -> anyhow::Result<()> {
         }
     );
     for (what, ok, value) in &checks {
-        println!("  {:<42} {:<7} {value}", what, verdict(*ok));
+        println!("  {:<46} {:<7} {value}", what, verdict(*ok));
     }
 
     if let Some(path) = json_path {
@@ -312,6 +345,13 @@ async fn main() -> anyhow::Result<()> {
                 "peak_rss_mib": big.peak_rss_mib,
             },
             "macro_overhead_ratio": {"redis": macro_ratio, "memory_store": macro_ratio_memory},
+            "postgres": {
+                "server_version": pg.server_version,
+                "implementations": ["hand-written INSERT .. ON CONFLICT + DELETE", "ours (programmatic)"],
+                "pairs_per_s_1_task": pg.one,
+                "pairs_per_s_64_tasks": pg.many,
+                "handoff_ms": {"p50": ms(pg.handoff_p50), "p99": ms(pg.handoff_p99)},
+            },
             "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -319,4 +359,27 @@ async fn main() -> anyhow::Result<()> {
     }
     ours_runtime.shutdown().await;
     Ok(())
+}
+
+/// The PostgreSQL rows of the table.
+fn print_pg(pg: &pg::PgRows) {
+    for (label, row) in [
+        ("1. pairs/s, 1 task, PostgreSQL", pg.one),
+        ("2. pairs/s, 64 tasks, PostgreSQL", pg.many),
+    ] {
+        println!(
+            "| {label} | hand-written INSERT .. ON CONFLICT + DELETE | {:.0} | baseline |",
+            row[0]
+        );
+        println!(
+            "| {label} | ours (programmatic) | {:.0} | {:.2}x |",
+            row[1],
+            row[1] / row[0]
+        );
+    }
+    println!(
+        "| 3. handoff p50 / p99, PostgreSQL | ours (LISTEN/NOTIFY) | {:.2} / {:.2} ms | |",
+        ms(pg.handoff_p50),
+        ms(pg.handoff_p99)
+    );
 }

@@ -67,6 +67,8 @@ pub(crate) enum Impl {
     Raw(RawLock),
     Rslock(rslock::LockManager),
     AsyncRedisLock(async_redis_lock::Locker),
+    /// A hand-written lock on a PostgreSQL table.
+    PgHand(crate::pg::HandPg),
 }
 
 impl Impl {
@@ -78,6 +80,7 @@ impl Impl {
             Impl::Raw(_) => "raw redis-rs (baseline)",
             Impl::Rslock(_) => "rslock 0.10",
             Impl::AsyncRedisLock(_) => "async-redis-lock 0.4",
+            Impl::PgHand(_) => "hand-written INSERT .. ON CONFLICT + DELETE (baseline)",
         }
     }
 
@@ -129,6 +132,7 @@ impl Impl {
                     .await
                     .map_err(|e| anyhow::anyhow!("async-redis-lock: {e:?}"))?;
             }
+            Impl::PgHand(hand) => hand.pair(key).await?,
         }
         Ok(())
     }

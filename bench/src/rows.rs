@@ -104,7 +104,7 @@ async fn server_usec(server: &RedisServer) -> anyhow::Result<u64> {
     Ok(server.command_stat("usec", |c| c != "info").await?)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
@@ -124,9 +124,11 @@ const HOLD_BEFORE_HANDOFF: Duration = Duration::from_millis(20);
 
 /// Handoff latency of ours: from the holder's release returning to the waiter (another
 /// runtime) holding the lock.
-pub(crate) async fn handoff_ours(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
-    let holder = LockRuntime::builder().redis(url).build().await?;
-    let waiter = LockRuntime::builder().redis(url).build().await?;
+pub(crate) async fn handoff_ours(
+    holder: LockRuntime,
+    waiter: LockRuntime,
+    n: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut latencies = Vec::new();
     for i in 0..n {
         let key = format!("handoff:ours:{i}");

@@ -9,6 +9,9 @@
 //!     cargo run -p lock-examples --example interest_posting
 //! or on a real Redis:
 //!     REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-examples --example interest_posting
+//! or on PostgreSQL (the table `lock_records` is created if missing):
+//!     DATABASE_URL=postgres://user:password@127.0.0.1:5432/db \
+//!         cargo run -p lock-examples --example interest_posting
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -114,9 +117,10 @@ async fn post_daily_interest(
 
 async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<LockRuntime> {
     let builder = LockRuntime::builder().namespace("demo").owner(name);
-    let builder = match std::env::var("REDIS_URL") {
-        Ok(url) => builder.redis(url),
-        Err(_) => builder.memory(store.clone()),
+    let builder = match (std::env::var("DATABASE_URL"), std::env::var("REDIS_URL")) {
+        (Ok(url), _) => builder.postgres(url),
+        (_, Ok(url)) => builder.redis(url),
+        _ => builder.memory(store.clone()),
     };
     Ok(builder.build().await?)
 }
@@ -128,9 +132,12 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let store_name = match std::env::var("REDIS_URL") {
-        Ok(_) => "Redis (REDIS_URL)",
-        Err(_) => "the in-process memory store",
+    let store_name = if std::env::var("DATABASE_URL").is_ok() {
+        "PostgreSQL (DATABASE_URL)"
+    } else if std::env::var("REDIS_URL").is_ok() {
+        "Redis (REDIS_URL)"
+    } else {
+        "the in-process memory store"
     };
     println!("{INSTANCES} instances, {NIGHTS} nights, on {store_name}\n");
 

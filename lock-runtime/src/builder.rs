@@ -13,7 +13,7 @@ use crate::store::{
     RedlockBackend,
 };
 #[cfg(feature = "postgres")]
-use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore};
+use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, shown_postgres_url};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -95,7 +95,7 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
             Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
             #[cfg(feature = "postgres")]
-            Some(StoreChoice::Postgres(url)) => format!("postgres({})", redact_url(url)),
+            Some(StoreChoice::Postgres(url)) => format!("postgres({})", shown_postgres_url(url)),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")

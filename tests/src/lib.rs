@@ -4,6 +4,7 @@
 
 pub mod exclusion;
 pub mod fenced;
+pub mod fleet;
 pub mod postgres;
 pub mod proxy;
 pub mod rng;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockRuntime};
+use lock_runtime::{LockError, LockGuard, LockRuntime};
 use lock_tests::PostgresServer;
 use lock_tests::postgres::PG_PASSWORD;
 
@@ -16,6 +16,16 @@ async fn runtime(server: &PostgresServer, owner: &str) -> LockRuntime {
         .build()
         .await
         .expect("building a runtime on the test PostgreSQL")
+}
+
+/// Takes `key` for `ttl`; it must be free.
+async fn hold(rt: &LockRuntime, key: &str, ttl: Duration) -> LockGuard {
+    rt.lock(key)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("the key is free")
 }
 
 async fn rows(server: &PostgresServer) -> i64 {
@@ -38,7 +48,18 @@ async fn bad_urls_and_names_are_config_errors_without_the_password() {
     let text = err.to_string();
     assert!(matches!(err, LockError::Config(_)), "{text}");
     assert!(!text.contains("hunter2"), "{text}");
-    assert!(text.contains("app:***"), "{text}");
+
+    // No form of a password is shown: in the user part, as a parameter, spaced or quoted.
+    for url in [
+        "postgres://app:hunter2@127.0.0.1:5432/db",
+        "postgres://app@127.0.0.1/db?password=hunter2",
+        "host=127.0.0.1 user=app password = hunter2",
+        "host=127.0.0.1 user=app password='hunter2 x'",
+    ] {
+        let shown = format!("{:?}", LockRuntime::builder().postgres(url));
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("app@127.0.0.1"), "{shown}");
+    }
 
     for bad in ["Locks", "locks;drop", "", &"t".repeat(41)] {
         let err = LockRuntime::builder()
@@ -311,13 +332,7 @@ async fn a_statement_stuck_behind_a_row_lock_times_out_as_a_transient_error() {
     let server = PostgresServer::start();
     let a = runtime(&server, "a").await;
     let b = runtime(&server, "b").await;
-    let held = a
-        .lock("payroll")
-        .ttl(Duration::from_secs(20))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let held = hold(&a, "payroll", Duration::from_secs(20)).await;
     // Another session holds the row's lock in an open transaction.
     let mut admin = server.client().await;
     let tx = admin.transaction().await.expect("BEGIN");
@@ -357,4 +372,77 @@ async fn a_statement_stuck_behind_a_row_lock_times_out_as_a_transient_error() {
             .expect("acquire")
             .is_some()
     );
+}
+
+/// A release whose row changed under it (another caller wrote the lock's done marker while
+/// the release waited for the row) still releases. Before the fix, every branch of the
+/// release statement missed the row: it answered "not ours", and the lock stayed taken by
+/// nobody for its ttl with no waiter woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_racing_a_done_marker_still_releases() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    let b = runtime(&server, "b").await;
+    let held = hold(&a, "nightly", Duration::from_secs(30)).await;
+    let mut admin = server.client().await;
+    let tx = admin.transaction().await.expect("BEGIN");
+    tx.execute(
+        "UPDATE lock_records SET done_until = clock_timestamp() + interval '1 hour'
+         WHERE key = 'lock:{nightly}'",
+        &[],
+    )
+    .await
+    .expect("a done marker, not committed yet");
+    let release = tokio::spawn(async move { held.release().await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    tx.commit().await.expect("COMMIT");
+    assert!(
+        release.await.expect("task").expect("release"),
+        "the holder's release was reported as not its own"
+    );
+    assert!(
+        b.lock("nightly")
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .is_some(),
+        "the lock is free after its release"
+    );
+}
+
+/// A foreign transaction sitting on one lock's row holds up that lock only: other leases of
+/// the same runtime keep renewing (its statements give up on a row lock after a quarter of the
+/// command timeout instead of blocking the connection they share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_row_lock_costs_no_other_lease() {
+    let server = PostgresServer::start();
+    let a = runtime(&server, "a").await;
+    let b = runtime(&server, "b").await;
+    let _blocked = hold(&a, "blocked", Duration::from_secs(60)).await;
+    let other = hold(&b, "other", Duration::from_secs(2)).await;
+    let mut admin = server.client().await;
+    let tx = admin.transaction().await.expect("BEGIN");
+    tx.execute(
+        "SELECT 1 FROM lock_records WHERE key = 'lock:{blocked}' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("row lock");
+    // B keeps trying the blocked lock while its other lease needs renewals.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.lock("blocked")
+                .acquire_timeout(Duration::from_secs(6))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        !other.lease().is_lost(),
+        "a lease of the same runtime was lost behind a foreign row lock"
+    );
+    assert!(waiter.await.expect("task").is_err(), "A still holds it");
+    tx.rollback().await.expect("ROLLBACK");
+    assert!(other.release().await.expect("release"));
 }

@@ -22,19 +22,16 @@
 //! About 12 s by default. `SOAK_SECS=600` for the long run; `SOAK_SEED=<n>` replays a fault
 //! schedule; `SOAK_RESULTS=<file>` writes the figures as JSON.
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::collections::BTreeMap;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use lock_tests::exclusion::{self, Failover, Holding, monotonic_us};
-use lock_tests::fenced::counter_state;
+use lock_tests::exclusion::{Failover, monotonic_us};
+use lock_tests::fleet::{Fleet, git_commit};
 use lock_tests::rng::XorShift;
 use lock_tests::{FaultProxy, RedisServer};
 
 const WORKERS: usize = 3;
-const TASKS_PER_WORKER: u64 = 4;
-const KEYS: u64 = 24;
 /// The lock servers keep what they acknowledged across a restart, and a (re)starting replica
 /// syncs at once rather than after the default 5 s diskless-sync delay.
 const DURABLE: &[&str] = &[
@@ -49,15 +46,12 @@ const DURABLE: &[&str] = &[
 struct Soak {
     lock_servers: [RedisServer; 2],
     master: usize,
-    resource: RedisServer,
     proxy: FaultProxy,
     /// The replica's link to the master goes through this proxy, so a failover can be made to
     /// lose writes: stall it, let writes land on the master only, then kill the master.
     repl_proxy: FaultProxy,
-    logs: tempfile::TempDir,
-    /// Every worker ever spawned: (pid, event log).
-    spawned: Vec<(u32, PathBuf)>,
-    seed: u64,
+    /// The workers, locking through `proxy`.
+    fleet: Fleet,
 }
 
 impl Soak {
@@ -70,15 +64,13 @@ impl Soak {
         ];
         let proxy = FaultProxy::start(lock_servers[0].port());
         let repl_proxy = FaultProxy::start(lock_servers[0].port());
+        let fleet = Fleet::new(env!("CARGO_BIN_EXE_soak_worker"), proxy.url(), seed);
         let soak = Soak {
             lock_servers,
             master: 0,
-            resource: RedisServer::start(),
             proxy,
             repl_proxy,
-            logs: tempfile::tempdir().expect("a temp dir for the event logs"),
-            spawned: Vec::new(),
-            seed,
+            fleet,
         };
         soak.follow_master(1);
         let ready = Instant::now() + Duration::from_secs(20);
@@ -90,26 +82,7 @@ impl Soak {
     }
 
     fn spawn_worker(&mut self, seconds: f64, seed: u64, careless: bool) -> Child {
-        let log = self
-            .logs
-            .path()
-            .join(format!("worker-{}.log", self.spawned.len()));
-        let child = Command::new(env!("CARGO_BIN_EXE_soak_worker"))
-            .args([
-                self.proxy.url(),
-                self.resource.url(),
-                KEYS.to_string(),
-                format!("{seconds:.2}"),
-                seed.to_string(),
-                TASKS_PER_WORKER.to_string(),
-                log.display().to_string(),
-            ])
-            .args(careless.then_some("careless"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawning a soak worker");
-        self.spawned.push((child.id(), log));
-        child
+        self.fleet.spawn_worker(seconds, seed, careless)
     }
 
     fn replica(&self) -> usize {
@@ -175,143 +148,6 @@ impl Soak {
     }
 }
 
-/// What a run left behind, from the workers' logs and the stores.
-struct Figures {
-    report: exclusion::Report,
-    fence_order: usize,
-    increments: usize,
-    refused: u64,
-    unknown_writers: usize,
-    counter_violations: Vec<String>,
-}
-
-impl Soak {
-    /// Runs the checker over every worker's log, and reads every counter's state.
-    fn evaluate(&self, failovers: &[Failover]) -> Figures {
-        let mut holdings: Vec<Holding> = Vec::new();
-        for (pid, log) in &self.spawned {
-            holdings.extend(exclusion::read_log(log, *pid).expect("reading a worker's event log"));
-        }
-        let tokens: HashSet<&str> = holdings.iter().map(|h| h.token.as_str()).collect();
-        let mut figures = Figures {
-            report: exclusion::check(&holdings, failovers),
-            fence_order: exclusion::fence_order_violations(&holdings),
-            increments: 0,
-            refused: 0,
-            unknown_writers: 0,
-            counter_violations: Vec::new(),
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let mut conn = self
-                .resource
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to the resource");
-            for k in 0..KEYS {
-                let state = counter_state(&mut conn, &format!("k{k}"))
-                    .await
-                    .expect("reading a counter");
-                figures.increments += state.accepted.len();
-                figures.refused += state.refused;
-                figures.unknown_writers += state
-                    .accepted
-                    .iter()
-                    .filter(|(_, token)| !tokens.contains(token.as_str()))
-                    .count();
-                if state.value != state.accepted.len() as u64 {
-                    figures.counter_violations.push(format!(
-                        "k{k}: counter {} but {} accepted increments",
-                        state.value,
-                        state.accepted.len()
-                    ));
-                }
-            }
-        });
-        figures
-    }
-
-    /// Prints the figures, writes them to `SOAK_RESULTS` if set, and asserts every promise.
-    fn report(&self, figures: &Figures, run: &str, faults: &BTreeMap<&str, usize>) {
-        let Figures {
-            report,
-            fence_order,
-            increments,
-            refused,
-            unknown_writers,
-            counter_violations,
-        } = figures;
-        // One list of figures, printed and, with SOAK_RESULTS, written to a file.
-        let json = format!(
-            "{{\n{run},\n  \"cpus\": {},\n  \"acquisitions\": {},\n  \
-             \"worker_processes\": {},\n  \"increments_accepted\": {increments},\n  \
-             \"refused_as_stale\": {refused},\n  \"refused_unexplained\": {},\n  \
-             \"superseded_ops\": {},\n  \"stale_writes_accepted\": {},\n  \
-             \"overlaps_excused\": {:?},\n  \"violations\": {},\n  \
-             \"fence_order_violations\": {fence_order},\n  \"duplicate_tokens\": {},\n  \
-             \"lost_updates\": {},\n  \"faults\": {:?}\n}}\n",
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            report.holdings,
-            self.spawned.len(),
-            report.refused_unexplained,
-            report.superseded_ops,
-            report.superseded_accepted,
-            report.excused,
-            report.violations.len(),
-            report.duplicate_tokens,
-            counter_violations.len(),
-            faults,
-        );
-        println!("soak: {json}");
-        if let Ok(path) = std::env::var("SOAK_RESULTS") {
-            std::fs::write(&path, &json).expect("writing SOAK_RESULTS");
-            println!("soak: figures written to {path}");
-        }
-        for v in report.violations.iter().take(10) {
-            eprintln!("violation: {v}");
-        }
-        for v in counter_violations {
-            eprintln!("{v}");
-        }
-        let seed = self.seed;
-        assert!(
-            report.holdings > 200,
-            "the soak did real work: {} acquisitions",
-            report.holdings
-        );
-        assert!(report.violations.is_empty(), "seed {seed}: violations");
-        assert_eq!(*fence_order, 0, "seed {seed}: fence order");
-        assert_eq!(
-            report.duplicate_tokens, 0,
-            "seed {seed}: a token handed out twice"
-        );
-        assert_eq!(
-            *unknown_writers, 0,
-            "seed {seed}: writes accepted from leases no worker logged (the logs are incomplete)"
-        );
-        assert!(counter_violations.is_empty(), "seed {seed}: lost updates");
-    }
-}
-
-/// The commit the run was built from, for the results file (`-dirty` with local changes).
-fn git_commit() -> String {
-    Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
-}
-
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -344,23 +180,6 @@ fn mixed_soak_keeps_exclusion_fences_and_counters() {
     while Instant::now() + Duration::from_millis(1500) < deadline {
         std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
         let kind = match rng.below(9) {
-            0 => {
-                soak.proxy.stall();
-                std::thread::sleep(Duration::from_millis(100 + rng.below(800)));
-                soak.proxy.resume();
-                "proxy stall"
-            }
-            1 => {
-                soak.proxy.drop_connections();
-                "connections dropped"
-            }
-            2 => {
-                soak.proxy
-                    .set_latency(Duration::from_millis(5 + rng.below(40)));
-                std::thread::sleep(Duration::from_millis(500));
-                soak.proxy.set_latency(Duration::ZERO);
-                "latency"
-            }
             3 => {
                 if let Ok(mut admin) = soak.lock_servers[soak.master].client().get_connection() {
                     let _: redis::RedisResult<()> =
@@ -368,22 +187,12 @@ fn mixed_soak_keeps_exclusion_fences_and_counters() {
                 }
                 "SCRIPT FLUSH"
             }
-            4 => {
-                let pid = workers[rng.below(WORKERS as u64) as usize].id();
-                signal(pid, "-STOP");
-                std::thread::sleep(Duration::from_millis(200 + rng.below(800)));
-                signal(pid, "-CONT");
-                "worker SIGSTOP"
-            }
-            5 => {
-                let i = rng.below(WORKERS as u64) as usize;
-                let _ = workers[i].kill();
-                let _ = workers[i].wait();
-                let left = deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_secs_f64();
-                workers[i] = soak.spawn_worker(left.max(0.5), rng.next_u64(), false);
-                "worker SIGKILL + respawn"
+            // The fault numbers of earlier versions of this soak, so a seed replays the same
+            // schedule.
+            n @ (0 | 1 | 2 | 4 | 5) => {
+                let which = if n < 3 { n } else { n - 1 };
+                soak.fleet
+                    .common_fault(which, &soak.proxy, &mut workers, &mut rng, deadline)
             }
             6 | 7 => {
                 let master = soak.master;
@@ -413,9 +222,9 @@ fn mixed_soak_keeps_exclusion_fences_and_counters() {
         assert!(status.success(), "a worker failed: {status}");
     }
 
-    let figures = soak.evaluate(&failovers);
+    let figures = soak.fleet.evaluate(&failovers);
     let run = format!("  \"commit\": \"{commit}\",\n  \"seed\": {seed},\n  \"seconds\": {seconds}");
-    soak.report(&figures, &run, &faults);
+    soak.fleet.report(&figures, &run, &faults, "SOAK_RESULTS");
 }
 
 /// The checker must be able to fail on real processes: workers that let their leases run out
@@ -431,7 +240,7 @@ fn the_checker_catches_holders_that_ignore_their_expiry() {
         let status = w.wait().expect("reaping a worker");
         assert!(status.success(), "a worker failed: {status}");
     }
-    let figures = soak.evaluate(&[]);
+    let figures = soak.fleet.evaluate(&[]);
     println!(
         "careless: {} acquisitions, {} violations, {} operations by superseded holders, {} \
          refused",

@@ -27,7 +27,9 @@ mod sentinel;
 pub use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore};
+pub(crate) use postgres::{
+    DEFAULT_TABLE, PostgresOptions, PostgresStore, shown_url as shown_postgres_url,
+};
 pub(crate) use redis::{RedisBackend, RedisOptions};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 

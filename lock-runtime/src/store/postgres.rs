@@ -18,7 +18,6 @@ use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
     ReleaseOutcome, ReleaseWatch, Renewal,
 };
-use crate::config::redact_url;
 use crate::{BackendError, LockError};
 
 mod listener;
@@ -73,6 +72,7 @@ struct Shared {
     /// The password, scrubbed from every driver message.
     secret: Option<String>,
     table: Table,
+    connect_timeout: Duration,
     command_timeout: Duration,
     /// The open command connection; `None` after it broke, until the next call re-opens it.
     session: Mutex<Option<Arc<Session>>>,
@@ -83,23 +83,36 @@ struct Shared {
 /// One command connection with its statements prepared.
 struct Session {
     client: Client,
+    /// Its server process, to make sure it is gone before another connection takes over.
+    backend: BackendId,
+    owns: Statement,
     acquire: Statement,
     release: Statement,
     extend: Statement,
     inspect: Statement,
-    sweep: Statement,
 }
 
 impl PostgresStore {
     /// Connects, creates the table if it is missing, prepares the statements and starts
     /// listening for releases; every failure is reported here, not at the first lock.
     pub(crate) async fn connect(options: PostgresOptions) -> Result<Self, LockError> {
-        let shown = shown_url(&options.url);
-        let mut config = tokio_postgres::Config::from_str(&options.url)
-            .map_err(|e| LockError::config(format!("cannot read PostgreSQL URL `{shown}`: {e}")))?;
+        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(|e| {
+            LockError::config(format!(
+                "cannot read the PostgreSQL URL `{}`: {e}",
+                shown_url(&options.url)
+            ))
+        })?;
+        let shown = shown_config(&config);
+        // A peer that vanished without a word (a host crash, a moved address) is noticed in
+        // seconds, not after the kernel's two hours of keepalive idleness; the listening
+        // connection is idle by design and depends on it.
         config
             .connect_timeout(options.connect_timeout)
             .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(options.command_timeout.max(Duration::from_secs(5)))
             .application_name("lock-runtime");
         let secret = config
             .get_password()
@@ -110,6 +123,7 @@ impl PostgresStore {
             shown,
             secret,
             table,
+            connect_timeout: options.connect_timeout,
             command_timeout: options.command_timeout,
             session: Mutex::new(None),
             reconnect: tokio::sync::Mutex::new(()),
@@ -117,8 +131,8 @@ impl PostgresStore {
         let client = shared.open().await?;
         shared.ensure_table(&client).await?;
         let session = shared.prepare(client).await?;
-        shared.sweep(&session).await;
         *lock(&shared.session) = Some(Arc::new(session));
+        shared.sweep().await;
         let listener = Listener::start(
             shared.config.clone(),
             shared.table.channel.clone(),
@@ -149,6 +163,26 @@ impl Shared {
         .into()
     }
 
+    /// Opens a connection and prepares it, bounded by the connect and command timeouts (the
+    /// driver bounds only the TCP connect; the handshake and the statements would wait on a
+    /// server that accepts and then says nothing).
+    async fn open_session(&self) -> Result<Session, LockError> {
+        let bound = self.connect_timeout + self.command_timeout;
+        match tokio::time::timeout(bound, async {
+            let client = self.open().await?;
+            self.prepare(client).await
+        })
+        .await
+        {
+            Ok(session) => session,
+            Err(_) => Err(BackendError::transient(format!(
+                "cannot connect (PostgreSQL at `{}`): no ready connection within {bound:?}",
+                self.shown
+            ))
+            .into()),
+        }
+    }
+
     /// Opens a command connection; its driver runs on its own task until the client drops.
     async fn open(&self) -> Result<Client, LockError> {
         let (client, connection) = self
@@ -161,13 +195,21 @@ impl Shared {
                 tracing::debug!(error = %e, "PostgreSQL command connection ended");
             }
         });
-        // The server gives up on a statement when the runtime does, so nothing it cut off
-        // keeps a row locked behind its back.
+        // statement_timeout: the server gives up on a statement when the runtime does, so
+        // nothing it cut off keeps a row locked behind its back. lock_timeout: a statement of
+        // ours never waits long on a row lock (ours last microseconds; a foreign transaction
+        // holding one must not stall the renewals queued behind it on this connection).
+        // synchronous_commit: a grant is on disk before the holder is told, whatever the
+        // server's or role's default (off would let a crash forget a granted lock).
         let timeout_ms = self.command_timeout.as_millis().max(1);
+        let lock_ms = (timeout_ms / 4).clamp(1, 1000);
         client
-            .batch_execute(&format!("SET statement_timeout = {timeout_ms}"))
+            .batch_execute(&format!(
+                "SET statement_timeout = {timeout_ms}; SET lock_timeout = {lock_ms}; \
+                 SET synchronous_commit = on"
+            ))
             .await
-            .map_err(|e| self.error("cannot set statement_timeout", e))?;
+            .map_err(|e| self.error("cannot set the session's timeouts", e))?;
         Ok(client)
     }
 
@@ -225,19 +267,36 @@ impl Shared {
                 prepare(t.release()).await?,
                 prepare(t.extend()).await?,
                 prepare(t.inspect()).await?,
-                prepare(t.sweep()).await?,
+                prepare(t.owns()).await?,
             ))
         };
-        let (acquire, release, extend, inspect, sweep) = statements
+        let (acquire, release, extend, inspect, owns) = statements
             .await
             .map_err(|e| self.error("cannot prepare the lock statements", e))?;
+        let identify = async {
+            let row = client
+                .query_one(
+                    "SELECT pid, backend_start::text FROM pg_stat_activity
+                     WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?;
+            Ok::<_, tokio_postgres::Error>(BackendId {
+                pid: row.try_get(0)?,
+                started: row.try_get(1)?,
+            })
+        };
+        let backend = identify
+            .await
+            .map_err(|e| self.error("cannot identify the connection", e))?;
         Ok(Session {
             client,
+            backend,
+            owns,
             acquire,
             release,
             extend,
             inspect,
-            sweep,
         })
     }
 
@@ -250,25 +309,92 @@ impl Shared {
             return Ok(s.clone());
         }
         let _one = self.reconnect.lock().await;
-        if let Some(s) = lock(&self.session)
-            .as_ref()
-            .filter(|s| !s.client.is_closed())
-        {
-            return Ok(s.clone());
+        let old = {
+            let current = lock(&self.session);
+            match current.as_ref() {
+                Some(s) if !s.client.is_closed() => return Ok(s.clone()),
+                Some(s) => Some(s.backend.clone()),
+                None => None,
+            }
+        };
+        let session = self.open_session().await?;
+        if let Some(old) = old {
+            self.retire(&session, &old).await?;
         }
-        let session = Arc::new(self.prepare(self.open().await?).await?);
+        let session = Arc::new(session);
         *lock(&self.session) = Some(session.clone());
         Ok(session)
     }
 
-    /// Deletes rows that hold nothing any more; a failure only waits for the next round.
-    async fn sweep(&self, session: &Session) {
-        match session.client.execute(&session.sweep, &[]).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(rows = n, table = %self.table.name, "swept expired locks"),
-            Err(e) => tracing::debug!(error = %e, "sweeping expired locks failed"),
+    /// Ends the server process of a connection that broke, and waits until it is gone,
+    /// before another connection takes over. A statement it was still running (an acquire)
+    /// could otherwise commit after a call sent on the new connection (the release that gives
+    /// that acquire back), and leave a grant nobody holds.
+    async fn retire(&self, session: &Session, old: &BackendId) -> Result<(), LockError> {
+        let gone = async {
+            session
+                .client
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                     WHERE pid = $1 AND backend_start::text = $2",
+                    &[&old.pid, &old.started],
+                )
+                .await?;
+            loop {
+                let alive: bool = session
+                    .client
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                         WHERE pid = $1 AND backend_start::text = $2)",
+                        &[&old.pid, &old.started],
+                    )
+                    .await?
+                    .try_get(0)?;
+                if !alive {
+                    return Ok::<(), tokio_postgres::Error>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        match tokio::time::timeout(self.command_timeout, gone).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.error("cannot end the broken connection's server process", e)),
+            Err(_) => Err(BackendError::transient(format!(
+                "the server process {} of a broken connection did not end within {:?} \
+                 (PostgreSQL at `{}`)",
+                old.pid, self.command_timeout, self.shown
+            ))
+            .into()),
         }
     }
+
+    /// Deletes rows that hold nothing any more, on a connection of its own (a long scan must
+    /// not hold up the renewals queued on the command connection); a failure only waits for
+    /// the next round.
+    async fn sweep(&self) {
+        let bound = self.connect_timeout + self.command_timeout;
+        let swept = tokio::time::timeout(bound, async {
+            let client = self.open().await?;
+            client
+                .execute(&self.table.sweep(), &[])
+                .await
+                .map_err(|e| self.error("sweep failed", e))
+        })
+        .await;
+        match swept {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::debug!(rows = n, table = %self.table.name, "swept expired locks"),
+            Ok(Err(e)) => tracing::debug!(error = %e, "sweeping expired locks failed"),
+            Err(_) => tracing::debug!("sweeping expired locks timed out"),
+        }
+    }
+}
+
+/// Which server process serves a connection (a pid alone may be reused).
+#[derive(Debug, Clone)]
+struct BackendId {
+    pid: i32,
+    started: String,
 }
 
 async fn sweep_loop(shared: std::sync::Weak<Shared>) {
@@ -277,9 +403,7 @@ async fn sweep_loop(shared: std::sync::Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        if let Ok(session) = shared.session().await {
-            shared.sweep(&session).await;
-        }
+        shared.sweep().await;
     }
 }
 
@@ -336,20 +460,42 @@ impl LockStore for PostgresStore {
     ) -> Result<ReleaseOutcome, LockError> {
         let s = self.shared.session().await?;
         let retention = done_retention.map(millis);
-        let row = s
-            .client
-            .query_one(
-                &s.release,
-                &[&names.record(), &token, &retention, &names.channel()],
-            )
-            .await
-            .map_err(|e| self.shared.error("release failed", e))?;
-        let outcome: &str = row.try_get(0).map_err(|e| self.decode(e))?;
-        Ok(match outcome {
-            "released" => ReleaseOutcome::Released,
-            "kept" => ReleaseOutcome::KeptForMinHold,
-            _ => ReleaseOutcome::NotOwner,
-        })
+        // The statement decides its branch on its snapshot: a change committed meanwhile
+        // (another caller's done marker on this row) can hide the row from every branch. A
+        // "not ours" is therefore checked on a fresh snapshot, and the release asked again
+        // while the row still carries the token.
+        for _ in 0..3 {
+            let row = s
+                .client
+                .query_one(
+                    &s.release,
+                    &[&names.record(), &token, &retention, &names.channel()],
+                )
+                .await
+                .map_err(|e| self.shared.error("release failed", e))?;
+            let outcome: &str = row.try_get(0).map_err(|e| self.decode(e))?;
+            match outcome {
+                "released" => return Ok(ReleaseOutcome::Released),
+                "kept" => return Ok(ReleaseOutcome::KeptForMinHold),
+                _ if token.is_empty() => return Ok(ReleaseOutcome::NotOwner),
+                _ => {}
+            }
+            let still_ours: bool = s
+                .client
+                .query_one(&s.owns, &[&names.record(), &token])
+                .await
+                .map_err(|e| self.shared.error("release failed", e))?
+                .try_get(0)
+                .map_err(|e| self.decode(e))?;
+            if !still_ours {
+                return Ok(ReleaseOutcome::NotOwner);
+            }
+        }
+        Err(BackendError::transient(format!(
+            "release of `{}` kept meeting concurrent changes; retrying",
+            names.key()
+        ))
+        .into())
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
@@ -437,6 +583,7 @@ fn pg_error(context: &str, e: tokio_postgres::Error, secret: Option<&str>) -> Ba
         None => true,
         Some(code) => [
             SqlState::QUERY_CANCELED,
+            SqlState::LOCK_NOT_AVAILABLE,
             SqlState::ADMIN_SHUTDOWN,
             SqlState::CRASH_SHUTDOWN,
             SqlState::CANNOT_CONNECT_NOW,
@@ -464,19 +611,39 @@ fn pg_error(context: &str, e: tokio_postgres::Error, secret: Option<&str>) -> Ba
     }
 }
 
-/// A PostgreSQL URL for messages: the password of the user part and a `password=` parameter
-/// replaced by `***`.
-fn shown_url(url: &str) -> String {
-    let shown = redact_url(url);
-    match shown.find("password=") {
-        None => shown,
-        Some(at) => {
-            let value = at + "password=".len();
-            let end = shown[value..]
-                .find(['&', ' '])
-                .map_or(shown.len(), |i| value + i);
-            format!("{}***{}", &shown[..value], &shown[end..])
-        }
+/// Where a configuration connects, for messages: `postgres://user@host:port/dbname`, built
+/// from the parsed parts, so no form of password (in the user part, a `password=` parameter,
+/// quoted, spaced) can appear.
+fn shown_config(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            match config.get_ports().get(i).or(config.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    let user = config
+        .get_user()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let db = config.get_dbname().unwrap_or("");
+    format!("postgres://{user}{}/{db}", hosts.join(","))
+}
+
+/// A PostgreSQL connection string for messages: parsed and shown by its parts, or, when it
+/// does not parse, nothing of it.
+pub(crate) fn shown_url(url: &str) -> String {
+    match tokio_postgres::Config::from_str(url) {
+        Ok(config) => shown_config(&config),
+        Err(_) => "<an unparsable PostgreSQL URL>".to_owned(),
     }
 }
 
@@ -490,18 +657,30 @@ mod tests {
 
     #[test]
     fn urls_are_shown_without_passwords() {
-        assert_eq!(
-            shown_url("postgres://app:hunter2@127.0.0.1:5432/db"),
-            "postgres://app:***@127.0.0.1:5432/db"
-        );
-        assert_eq!(
-            shown_url("postgres://127.0.0.1/db?user=app&password=hunter2&sslmode=disable"),
-            "postgres://127.0.0.1/db?user=app&password=***&sslmode=disable"
-        );
-        assert_eq!(
-            shown_url("host=127.0.0.1 password=hunter2 user=app"),
-            "host=127.0.0.1 password=*** user=app"
-        );
+        for (url, shown) in [
+            (
+                "postgres://app:hunter2@127.0.0.1:5432/db",
+                "postgres://app@127.0.0.1:5432/db",
+            ),
+            (
+                "postgres://127.0.0.1/db?user=app&password=hunter2&sslmode=disable",
+                "postgres://app@127.0.0.1:5432/db",
+            ),
+            (
+                "host=127.0.0.1 port=5433 password = hunter2 user=app dbname=db",
+                "postgres://app@127.0.0.1:5433/db",
+            ),
+            (
+                "host=127.0.0.1 password='hunter2 and more' user=app",
+                "postgres://app@127.0.0.1/",
+            ),
+            (
+                "postgres://app:hunter2@127.0.0.1:nope/db",
+                "<an unparsable PostgreSQL URL>",
+            ),
+        ] {
+            assert_eq!(shown_url(url), shown, "{url}");
+        }
     }
 
     #[test]

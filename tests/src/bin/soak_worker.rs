@@ -6,6 +6,7 @@
 //! (`lock_tests::exclusion`). Prints `done` at the end.
 //!
 //! Usage: `soak_worker LOCK_URL RESOURCE_URL KEYS SECONDS SEED TASKS LOG_PATH [careless]`
+//! (`LOCK_URL`: `redis://..` or `postgres://..`)
 //!
 //! `careless` makes a worker that the checker must catch: without renewals, it sleeps up to
 //! 1.5 s (ttl 0.6 s) between read and write and never asks whether its lease is lost.
@@ -35,12 +36,29 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds.parse()?);
     let seed: u64 = seed.parse()?;
     let log = Arc::new(EventLog::open(log.as_ref())?);
-    let runtime = LockRuntime::builder()
-        .redis(lock_url.as_str())
-        .connect_timeout(Duration::from_secs(2))
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .await?;
+    // A worker (re)started while the store is down (restarting, stalled) retries, as a
+    // service restarted by its supervisor would, until its deadline.
+    let runtime = loop {
+        let builder = LockRuntime::builder();
+        let builder = if lock_url.starts_with("postgres") {
+            builder.postgres(lock_url.as_str())
+        } else {
+            builder.redis(lock_url.as_str())
+        };
+        let built = builder
+            .connect_timeout(Duration::from_secs(2))
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .await;
+        match built {
+            Ok(runtime) => break runtime,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                eprintln!("soak_worker: the store is not reachable yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let resource = redis::Client::open(resource_url.as_str())?
         .get_connection_manager()
         .await?;

@@ -71,11 +71,16 @@ impl Table {
     /// A free row (expired, or kept only for a done marker) is taken over in place; the
     /// `WHERE` of `DO UPDATE` is evaluated on the newest row version under its row lock, so two
     /// acquirers racing for a free row cannot both win. `nextval` never hands out a value
-    /// twice, also across restarts, so fences strictly increase per lock even though released
-    /// rows are deleted.
+    /// twice, also across restarts; the acquires of one lock take a transaction-level advisory
+    /// lock on its key before drawing one, so they draw in the order they commit, and fences
+    /// strictly increase per lock even though released rows are deleted. (Without it, an
+    /// acquire that drew 10 and then waited could insert after one that drew 11 had come and
+    /// gone.)
     pub(super) fn acquire(&self) -> String {
         format!(
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),
+            "WITH serial AS MATERIALIZED (
+                SELECT pg_advisory_xact_lock(hashtextextended($1, {salt})) AS locked),
+            now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM serial),
             prior AS (SELECT r.expires_at, r.done_until FROM {t} r WHERE r.key = $1),
             won AS (
                 INSERT INTO {t} AS r
@@ -100,6 +105,7 @@ impl Table {
                    (SELECT {done} FROM prior, now WHERE prior.done_until > now.t)",
             t = self.name,
             s = self.sequence,
+            salt = ADVISORY_SALT,
             ms = millis("prior.expires_at - now.t"),
             done = millis("prior.done_until - now.t"),
         )
@@ -164,6 +170,16 @@ impl Table {
         )
     }
 
+    /// `$1` key, `$2` token: does the live row carry it? (A release that found nothing of its
+    /// own asks, on a fresh snapshot, whether a concurrent change hid its row from it.)
+    pub(super) fn owns(&self) -> String {
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM {t}
+                WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp())",
+            t = self.name,
+        )
+    }
+
     /// `$1` keys, `$2` tokens, `$3` ttls ms (one per lease). Answers the key and token of
     /// every lease renewed; a row whose token differs, or that has expired, is left alone.
     pub(super) fn extend(&self) -> String {
@@ -203,6 +219,10 @@ impl Table {
         )
     }
 }
+
+/// Seeds the hash of a key for its advisory lock, so the lock store's advisory locks are
+/// unlikely to meet an application's own (which typically use small integers).
+const ADVISORY_SALT: i64 = 0x6c6f_636b_7374;
 
 /// An interval expression as whole milliseconds, rounded up (a remaining time is never
 /// reported shorter than it is).

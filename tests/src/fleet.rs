@@ -1,0 +1,274 @@
+//! The worker side of the soaks: real worker processes (`soak_worker`) that lock random keys
+//! in some store and increment fenced counters in a resource redis-server, and the checks run
+//! over what they logged and what the resource holds. The soaks bring the lock store and its
+//! faults (`tests/soak.rs` for Redis, `tests/postgres_store.rs` for PostgreSQL).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::exclusion::{self, Failover, Holding};
+use crate::fenced::counter_state;
+use crate::rng::XorShift;
+use crate::{FaultProxy, RedisServer};
+
+/// Tasks in each worker process.
+pub const TASKS_PER_WORKER: u64 = 4;
+/// Keys the workers compete for.
+pub const KEYS: u64 = 24;
+
+/// The workers of one soak and what they share.
+#[derive(Debug)]
+pub struct Fleet {
+    /// Where the workers lock (`redis://..` or `postgres://..`).
+    pub lock_url: String,
+    /// The fenced counters.
+    pub resource: RedisServer,
+    logs: tempfile::TempDir,
+    /// Every worker ever spawned: (pid, event log).
+    spawned: Vec<(u32, PathBuf)>,
+    /// The fault schedule's seed, for the messages.
+    pub seed: u64,
+    worker_bin: PathBuf,
+}
+
+impl Fleet {
+    /// A fleet whose workers (the `soak_worker` binary at `worker_bin`) lock at `lock_url`;
+    /// starts the resource server.
+    pub fn new(worker_bin: impl Into<PathBuf>, lock_url: String, seed: u64) -> Self {
+        Fleet {
+            lock_url,
+            resource: RedisServer::start(),
+            logs: tempfile::tempdir().expect("a temp dir for the event logs"),
+            spawned: Vec::new(),
+            seed,
+            worker_bin: worker_bin.into(),
+        }
+    }
+
+    /// Injects fault `which` (0-4) of the kinds every soak shares: a proxy stall, dropped
+    /// connections or latency at `proxy`, a worker paused (SIGSTOP) or killed (SIGKILL, then
+    /// respawned until `deadline`). Returns its name for the fault counts.
+    pub fn common_fault(
+        &mut self,
+        which: u64,
+        proxy: &FaultProxy,
+        workers: &mut [Child],
+        rng: &mut XorShift,
+        deadline: Instant,
+    ) -> &'static str {
+        match which {
+            0 => {
+                proxy.stall();
+                std::thread::sleep(Duration::from_millis(100 + rng.below(800)));
+                proxy.resume();
+                "proxy stall"
+            }
+            1 => {
+                proxy.drop_connections();
+                "connections dropped"
+            }
+            2 => {
+                proxy.set_latency(Duration::from_millis(5 + rng.below(40)));
+                std::thread::sleep(Duration::from_millis(500));
+                proxy.set_latency(Duration::ZERO);
+                "latency"
+            }
+            3 => {
+                let pid = workers[rng.below(workers.len() as u64) as usize].id();
+                signal(pid, "-STOP");
+                std::thread::sleep(Duration::from_millis(200 + rng.below(800)));
+                signal(pid, "-CONT");
+                "worker SIGSTOP"
+            }
+            _ => {
+                let i = rng.below(workers.len() as u64) as usize;
+                let _ = workers[i].kill();
+                let _ = workers[i].wait();
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64();
+                workers[i] = self.spawn_worker(left.max(0.5), rng.next_u64(), false);
+                "worker SIGKILL + respawn"
+            }
+        }
+    }
+
+    /// Starts a worker process for `seconds` with its own seed; `careless` workers ignore
+    /// their expiry (the checker's own test).
+    pub fn spawn_worker(&mut self, seconds: f64, seed: u64, careless: bool) -> Child {
+        let log = self
+            .logs
+            .path()
+            .join(format!("worker-{}.log", self.spawned.len()));
+        let child = Command::new(&self.worker_bin)
+            .args([
+                self.lock_url.clone(),
+                self.resource.url(),
+                KEYS.to_string(),
+                format!("{seconds:.2}"),
+                seed.to_string(),
+                TASKS_PER_WORKER.to_string(),
+                log.display().to_string(),
+            ])
+            .args(careless.then_some("careless"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawning a soak worker");
+        self.spawned.push((child.id(), log));
+        child
+    }
+}
+
+/// What a run left behind, from the workers' logs and the stores.
+#[derive(Debug)]
+pub struct Figures {
+    /// The exclusion checker's report over every worker's log.
+    pub report: exclusion::Report,
+    /// Consecutive leases of a key whose fences did not increase.
+    pub fence_order: usize,
+    /// Increments the resource accepted.
+    pub increments: usize,
+    /// Operations the resource refused as stale.
+    pub refused: u64,
+    /// Accepted writes from leases no worker logged.
+    pub unknown_writers: usize,
+    /// Counters that differ from their accepted increments (lost updates).
+    pub counter_violations: Vec<String>,
+}
+
+impl Fleet {
+    /// Runs the checker over every worker's log, and reads every counter's state.
+    pub fn evaluate(&self, failovers: &[Failover]) -> Figures {
+        let mut holdings: Vec<Holding> = Vec::new();
+        for (pid, log) in &self.spawned {
+            holdings.extend(exclusion::read_log(log, *pid).expect("reading a worker's event log"));
+        }
+        let tokens: HashSet<&str> = holdings.iter().map(|h| h.token.as_str()).collect();
+        let mut figures = Figures {
+            report: exclusion::check(&holdings, failovers),
+            fence_order: exclusion::fence_order_violations(&holdings),
+            increments: 0,
+            refused: 0,
+            unknown_writers: 0,
+            counter_violations: Vec::new(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut conn = self
+                .resource
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to the resource");
+            for k in 0..KEYS {
+                let state = counter_state(&mut conn, &format!("k{k}"))
+                    .await
+                    .expect("reading a counter");
+                figures.increments += state.accepted.len();
+                figures.refused += state.refused;
+                figures.unknown_writers += state
+                    .accepted
+                    .iter()
+                    .filter(|(_, token)| !tokens.contains(token.as_str()))
+                    .count();
+                if state.value != state.accepted.len() as u64 {
+                    figures.counter_violations.push(format!(
+                        "k{k}: counter {} but {} accepted increments",
+                        state.value,
+                        state.accepted.len()
+                    ));
+                }
+            }
+        });
+        figures
+    }
+
+    /// Prints the figures, writes them to the file the variable `results_env` names if it is
+    /// set, and asserts every promise.
+    pub fn report(
+        &self,
+        figures: &Figures,
+        run: &str,
+        faults: &BTreeMap<&str, usize>,
+        results_env: &str,
+    ) {
+        let Figures {
+            report,
+            fence_order,
+            increments,
+            refused,
+            unknown_writers,
+            counter_violations,
+        } = figures;
+        // One list of figures, printed and, with SOAK_RESULTS, written to a file.
+        let json = format!(
+            "{{\n{run},\n  \"cpus\": {},\n  \"acquisitions\": {},\n  \
+             \"worker_processes\": {},\n  \"increments_accepted\": {increments},\n  \
+             \"refused_as_stale\": {refused},\n  \"refused_unexplained\": {},\n  \
+             \"superseded_ops\": {},\n  \"stale_writes_accepted\": {},\n  \
+             \"overlaps_excused\": {:?},\n  \"violations\": {},\n  \
+             \"fence_order_violations\": {fence_order},\n  \"duplicate_tokens\": {},\n  \
+             \"lost_updates\": {},\n  \"faults\": {:?}\n}}\n",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            report.holdings,
+            self.spawned.len(),
+            report.refused_unexplained,
+            report.superseded_ops,
+            report.superseded_accepted,
+            report.excused,
+            report.violations.len(),
+            report.duplicate_tokens,
+            counter_violations.len(),
+            faults,
+        );
+        println!("soak: {json}");
+        if let Ok(path) = std::env::var(results_env) {
+            std::fs::write(&path, &json).expect("writing the results file");
+            println!("soak: figures written to {path}");
+        }
+        for v in report.violations.iter().take(10) {
+            eprintln!("violation: {v}");
+        }
+        for v in counter_violations {
+            eprintln!("{v}");
+        }
+        let seed = self.seed;
+        assert!(
+            report.holdings > 200,
+            "the soak did real work: {} acquisitions",
+            report.holdings
+        );
+        assert!(report.violations.is_empty(), "seed {seed}: violations");
+        assert_eq!(*fence_order, 0, "seed {seed}: fence order");
+        assert_eq!(
+            report.duplicate_tokens, 0,
+            "seed {seed}: a token handed out twice"
+        );
+        assert_eq!(
+            *unknown_writers, 0,
+            "seed {seed}: writes accepted from leases no worker logged (the logs are incomplete)"
+        );
+        assert!(counter_violations.is_empty(), "seed {seed}: lost updates");
+    }
+}
+
+/// The commit the run was built from, for the results file (`-dirty` with local changes).
+pub fn git_commit() -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, ..) to the process `pid`, one the soak started.
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
