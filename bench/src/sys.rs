@@ -37,3 +37,34 @@ fn read_status_kib(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// What a result was measured on and with: the commit (`-dirty` with local changes), the
+/// compiler, the CPU model, the core count and the date.
+pub(crate) fn provenance() -> serde_json::Value {
+    let run = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_else(|| "unknown".to_owned())
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    serde_json::json!({
+        "commit": run("git", &["describe", "--always", "--dirty"]),
+        "rustc": run("rustc", &["--version"]),
+        "cpu_model": cpu,
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "date": run("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        "release_build": !cfg!(debug_assertions),
+    })
+}
