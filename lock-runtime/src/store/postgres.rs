@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
@@ -21,9 +21,11 @@ use super::{
 use crate::{BackendError, LockError};
 
 mod listener;
+mod session;
 mod sql;
 
 use listener::Listener;
+use session::{BackendId, sweep_loop};
 use sql::Table;
 
 /// The table a runtime locks in unless `postgres_table` names another.
@@ -96,11 +98,13 @@ impl PostgresStore {
     /// Connects, creates the table if it is missing, prepares the statements and starts
     /// listening for releases; every failure is reported here, not at the first lock.
     pub(crate) async fn connect(options: PostgresOptions) -> Result<Self, LockError> {
-        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(|e| {
-            LockError::config(format!(
-                "cannot read the PostgreSQL URL `{}`: {e}",
-                shown_url(&options.url)
-            ))
+        check_url(&options.url)?;
+        // The driver's message is left out: it can quote a piece of a mistyped password.
+        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(|_| {
+            LockError::config(
+                "cannot read the PostgreSQL URL: expected postgres://user:password@host:port/db \
+                 (special characters percent-encoded) or libpq's key=value pairs",
+            )
         })?;
         let shown = shown_config(&config);
         // A peer that vanished without a word (a host crash, a moved address) is noticed in
@@ -153,260 +157,6 @@ impl PostgresStore {
     }
 }
 
-impl Shared {
-    fn error(&self, context: &str, e: tokio_postgres::Error) -> LockError {
-        pg_error(
-            &format!("{context} (PostgreSQL at `{}`)", self.shown),
-            e,
-            self.secret.as_deref(),
-        )
-        .into()
-    }
-
-    /// Opens a connection and prepares it, bounded by the connect and command timeouts (the
-    /// driver bounds only the TCP connect; the handshake and the statements would wait on a
-    /// server that accepts and then says nothing).
-    async fn open_session(&self) -> Result<Session, LockError> {
-        let bound = self.connect_timeout + self.command_timeout;
-        match tokio::time::timeout(bound, async {
-            let client = self.open().await?;
-            self.prepare(client).await
-        })
-        .await
-        {
-            Ok(session) => session,
-            Err(_) => Err(BackendError::transient(format!(
-                "cannot connect (PostgreSQL at `{}`): no ready connection within {bound:?}",
-                self.shown
-            ))
-            .into()),
-        }
-    }
-
-    /// Opens a command connection; its driver runs on its own task until the client drops.
-    async fn open(&self) -> Result<Client, LockError> {
-        let (client, connection) = self
-            .config
-            .connect(NoTls)
-            .await
-            .map_err(|e| self.error("cannot connect", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL command connection ended");
-            }
-        });
-        // statement_timeout: the server gives up on a statement when the runtime does, so
-        // nothing it cut off keeps a row locked behind its back. lock_timeout: a statement of
-        // ours never waits long on a row lock (ours last microseconds; a foreign transaction
-        // holding one must not stall the renewals queued behind it on this connection).
-        // synchronous_commit: a grant is on disk before the holder is told, whatever the
-        // server's or role's default (off would let a crash forget a granted lock).
-        let timeout_ms = self.command_timeout.as_millis().max(1);
-        let lock_ms = (timeout_ms / 4).clamp(1, 1000);
-        client
-            .batch_execute(&format!(
-                "SET statement_timeout = {timeout_ms}; SET lock_timeout = {lock_ms}; \
-                 SET synchronous_commit = on"
-            ))
-            .await
-            .map_err(|e| self.error("cannot set the session's timeouts", e))?;
-        Ok(client)
-    }
-
-    /// Creates the table and its sequence unless both exist; a user who may not create them
-    /// is told what to run instead.
-    async fn ensure_table(&self, client: &Client) -> Result<(), LockError> {
-        if self
-            .table_exists(client)
-            .await
-            .map_err(|e| self.error("cannot look up the lock table", e))?
-        {
-            return Ok(());
-        }
-        match client.batch_execute(&self.table.create()).await {
-            Ok(()) => Ok(()),
-            // Another runtime created it at the same moment.
-            Err(_) if self.table_exists(client).await.unwrap_or(false) => Ok(()),
-            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                Err(LockError::config(format!(
-                    "the lock table `{}` does not exist and this user may not create it \
-                     (PostgreSQL at `{}`): create it once as its owner with this SQL: {}",
-                    self.table.name,
-                    self.shown,
-                    self.table
-                        .create()
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )))
-            }
-            Err(e) => Err(self.error("cannot create the lock table", e)),
-        }
-    }
-
-    async fn table_exists(&self, client: &Client) -> Result<bool, tokio_postgres::Error> {
-        let t = &self.table;
-        client
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-                &[&t.name, &t.sequence],
-            )
-            .await?
-            .try_get(0)
-    }
-
-    async fn prepare(&self, client: Client) -> Result<Session, LockError> {
-        let t = &self.table;
-        let prepare = |sql: String| {
-            let client = &client;
-            async move { client.prepare(&sql).await }
-        };
-        let statements = async {
-            Ok::<_, tokio_postgres::Error>((
-                prepare(t.acquire()).await?,
-                prepare(t.release()).await?,
-                prepare(t.extend()).await?,
-                prepare(t.inspect()).await?,
-                prepare(t.owns()).await?,
-            ))
-        };
-        let (acquire, release, extend, inspect, owns) = statements
-            .await
-            .map_err(|e| self.error("cannot prepare the lock statements", e))?;
-        let identify = async {
-            let row = client
-                .query_one(
-                    "SELECT pid, backend_start::text FROM pg_stat_activity
-                     WHERE pid = pg_backend_pid()",
-                    &[],
-                )
-                .await?;
-            Ok::<_, tokio_postgres::Error>(BackendId {
-                pid: row.try_get(0)?,
-                started: row.try_get(1)?,
-            })
-        };
-        let backend = identify
-            .await
-            .map_err(|e| self.error("cannot identify the connection", e))?;
-        Ok(Session {
-            client,
-            backend,
-            owns,
-            acquire,
-            release,
-            extend,
-            inspect,
-        })
-    }
-
-    /// The open command connection, re-opened if it broke.
-    async fn session(&self) -> Result<Arc<Session>, LockError> {
-        if let Some(s) = lock(&self.session)
-            .as_ref()
-            .filter(|s| !s.client.is_closed())
-        {
-            return Ok(s.clone());
-        }
-        let _one = self.reconnect.lock().await;
-        let old = {
-            let current = lock(&self.session);
-            match current.as_ref() {
-                Some(s) if !s.client.is_closed() => return Ok(s.clone()),
-                Some(s) => Some(s.backend.clone()),
-                None => None,
-            }
-        };
-        let session = self.open_session().await?;
-        if let Some(old) = old {
-            self.retire(&session, &old).await?;
-        }
-        let session = Arc::new(session);
-        *lock(&self.session) = Some(session.clone());
-        Ok(session)
-    }
-
-    /// Ends the server process of a connection that broke, and waits until it is gone,
-    /// before another connection takes over. A statement it was still running (an acquire)
-    /// could otherwise commit after a call sent on the new connection (the release that gives
-    /// that acquire back), and leave a grant nobody holds.
-    async fn retire(&self, session: &Session, old: &BackendId) -> Result<(), LockError> {
-        let gone = async {
-            session
-                .client
-                .query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                     WHERE pid = $1 AND backend_start::text = $2",
-                    &[&old.pid, &old.started],
-                )
-                .await?;
-            loop {
-                let alive: bool = session
-                    .client
-                    .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                         WHERE pid = $1 AND backend_start::text = $2)",
-                        &[&old.pid, &old.started],
-                    )
-                    .await?
-                    .try_get(0)?;
-                if !alive {
-                    return Ok::<(), tokio_postgres::Error>(());
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        match tokio::time::timeout(self.command_timeout, gone).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.error("cannot end the broken connection's server process", e)),
-            Err(_) => Err(BackendError::transient(format!(
-                "the server process {} of a broken connection did not end within {:?} \
-                 (PostgreSQL at `{}`)",
-                old.pid, self.command_timeout, self.shown
-            ))
-            .into()),
-        }
-    }
-
-    /// Deletes rows that hold nothing any more, on a connection of its own (a long scan must
-    /// not hold up the renewals queued on the command connection); a failure only waits for
-    /// the next round.
-    async fn sweep(&self) {
-        let bound = self.connect_timeout + self.command_timeout;
-        let swept = tokio::time::timeout(bound, async {
-            let client = self.open().await?;
-            client
-                .execute(&self.table.sweep(), &[])
-                .await
-                .map_err(|e| self.error("sweep failed", e))
-        })
-        .await;
-        match swept {
-            Ok(Ok(0)) => {}
-            Ok(Ok(n)) => tracing::debug!(rows = n, table = %self.table.name, "swept expired locks"),
-            Ok(Err(e)) => tracing::debug!(error = %e, "sweeping expired locks failed"),
-            Err(_) => tracing::debug!("sweeping expired locks timed out"),
-        }
-    }
-}
-
-/// Which server process serves a connection (a pid alone may be reused).
-#[derive(Debug, Clone)]
-struct BackendId {
-    pid: i32,
-    started: String,
-}
-
-async fn sweep_loop(shared: std::sync::Weak<Shared>) {
-    loop {
-        tokio::time::sleep(SWEEP_EVERY).await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        shared.sweep().await;
-    }
-}
-
 impl LockStore for PostgresStore {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let s = self.shared.session().await?;
@@ -428,8 +178,16 @@ impl LockStore for PostgresStore {
                         &r.once,
                     ],
                 )
-                .await
-                .map_err(|e| self.shared.error("acquire failed", e))?;
+                .await;
+            let row = match row {
+                Ok(row) => row,
+                // Another caller kept this lock's row (or its advisory lock) past lock_timeout:
+                // nothing was granted (the statement rolled back), and the lock is busy.
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    return Ok(AcquireOutcome::Held { pttl: None });
+                }
+                Err(e) => return Err(self.shared.error("acquire failed", e)),
+            };
             let fence: Option<i64> = row.try_get(0).map_err(|e| self.decode(e))?;
             let held: Option<i64> = row.try_get(1).map_err(|e| self.decode(e))?;
             let done: Option<i64> = row.try_get(2).map_err(|e| self.decode(e))?;
@@ -465,14 +223,20 @@ impl LockStore for PostgresStore {
         // "not ours" is therefore checked on a fresh snapshot, and the release asked again
         // while the row still carries the token.
         for _ in 0..3 {
-            let row = s
+            let row = match s
                 .client
                 .query_one(
                     &s.release,
                     &[&names.record(), &token, &retention, &names.channel()],
                 )
                 .await
-                .map_err(|e| self.shared.error("release failed", e))?;
+            {
+                Ok(row) => row,
+                // A lock wait cut off by lock_timeout (a row lock, or the server's lock on
+                // its NOTIFY queue at commit) rolled the release back: ask again.
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => continue,
+                Err(e) => return Err(self.shared.error("release failed", e)),
+            };
             let outcome: &str = row.try_get(0).map_err(|e| self.decode(e))?;
             match outcome {
                 "released" => return Ok(ReleaseOutcome::Released),
@@ -503,11 +267,15 @@ impl LockStore for PostgresStore {
         let keys: Vec<&str> = items.iter().map(|i| i.record.as_str()).collect();
         let tokens: Vec<&str> = items.iter().map(|i| i.token.as_str()).collect();
         let ttls: Vec<i64> = items.iter().map(|i| millis(i.ttl)).collect();
-        let rows = s
-            .client
-            .query(&s.extend, &[&keys, &tokens, &ttls])
-            .await
-            .map_err(|e| self.shared.error("renewal failed", e))?;
+        let rows = match s.client.query(&s.extend, &[&keys, &tokens, &ttls]).await {
+            Ok(rows) => rows,
+            // One row locked by a foreign transaction fails the whole batch at lock_timeout;
+            // lease by lease, only that one goes unanswered.
+            Err(e) if items.len() > 1 && e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Ok(self.extend_one_by_one(&s, items).await);
+            }
+            Err(e) => return Err(self.shared.error("renewal failed", e)),
+        };
         let mut renewed = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
             let key: String = row.try_get(0).map_err(|e| self.decode(e))?;
@@ -561,6 +329,25 @@ impl LockStore for PostgresStore {
 }
 
 impl PostgresStore {
+    /// Renews each item with a statement of its own: an item whose row stays locked, or whose
+    /// statement fails, answers [`Renewal::Unknown`] and costs the others nothing.
+    async fn extend_one_by_one(&self, s: &Session, items: &[ExtendItem]) -> Vec<Renewal> {
+        let mut answers = Vec::with_capacity(items.len());
+        for item in items {
+            let (key, token, ttl) = (
+                vec![item.record.as_str()],
+                vec![item.token.as_str()],
+                vec![millis(item.ttl)],
+            );
+            let answer = s.client.query(&s.extend, &[&key, &token, &ttl]).await;
+            answers.push(match answer {
+                Ok(rows) => Renewal::from(!rows.is_empty()),
+                Err(e) => Renewal::Unknown(self.shared.error("renewal failed", e).to_string()),
+            });
+        }
+        answers
+    }
+
     fn decode(&self, e: tokio_postgres::Error) -> LockError {
         self.shared.error("unexpected answer", e)
     }
@@ -638,6 +425,24 @@ fn shown_config(config: &tokio_postgres::Config) -> String {
     format!("postgres://{user}{}/{db}", hosts.join(","))
 }
 
+/// Refuses a URL whose user part holds an `@` that is not percent-encoded: it would be read
+/// as the end of the password, and the rest of the password shown as the host.
+fn check_url(url: &str) -> Result<(), LockError> {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        if authority.matches('@').count() > 1 {
+            return Err(LockError::config(
+                "the PostgreSQL URL has more than one `@` before the host: percent-encode an \
+                 `@` in the user name or password as %40",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A PostgreSQL connection string for messages: parsed and shown by its parts, or, when it
 /// does not parse, nothing of it.
 pub(crate) fn shown_url(url: &str) -> String {
@@ -681,6 +486,13 @@ mod tests {
         ] {
             assert_eq!(shown_url(url), shown, "{url}");
         }
+    }
+
+    #[test]
+    fn an_unencoded_at_in_the_password_is_refused() {
+        assert!(check_url("postgres://app:p@ss@db/x").is_err());
+        assert!(check_url("postgres://app:p%40ss@db/x").is_ok());
+        assert!(check_url("host=db password=p@ss").is_ok());
     }
 
     #[test]
