@@ -28,6 +28,22 @@ async fn hold(rt: &LockRuntime, key: &str, ttl: Duration) -> LockGuard {
         .expect("the key is free")
 }
 
+/// Opens a transaction that holds the row lock of `key` (namespace `lock`), as a foreign
+/// session would; rolled back when dropped.
+async fn lock_row<'a>(
+    admin: &'a mut tokio_postgres::Client,
+    key: &str,
+) -> tokio_postgres::Transaction<'a> {
+    let tx = admin.transaction().await.expect("BEGIN");
+    tx.execute(
+        "SELECT 1 FROM lock_records WHERE key = $1 FOR UPDATE",
+        &[&format!("lock:{{{key}}}")],
+    )
+    .await
+    .expect("row lock");
+    tx
+}
+
 async fn rows(server: &PostgresServer) -> i64 {
     server
         .client()
@@ -335,13 +351,7 @@ async fn an_acquire_stuck_behind_a_foreign_row_lock_answers_busy_in_bounded_time
     let held = hold(&a, "payroll", Duration::from_secs(20)).await;
     // Another session holds the row's lock in an open transaction.
     let mut admin = server.client().await;
-    let tx = admin.transaction().await.expect("BEGIN");
-    tx.execute(
-        "SELECT 1 FROM lock_records WHERE key = 'lock:{payroll}' FOR UPDATE",
-        &[],
-    )
-    .await
-    .expect("row lock");
+    let tx = lock_row(&mut admin, "payroll").await;
     let started = Instant::now();
     // The statement gives up at lock_timeout (a quarter of the 2 s command timeout), rolled
     // back: nothing granted, the lock is busy.
@@ -419,13 +429,7 @@ async fn a_foreign_row_lock_costs_no_other_lease() {
     let _blocked = hold(&a, "blocked", Duration::from_secs(60)).await;
     let other = hold(&b, "other", Duration::from_secs(2)).await;
     let mut admin = server.client().await;
-    let tx = admin.transaction().await.expect("BEGIN");
-    tx.execute(
-        "SELECT 1 FROM lock_records WHERE key = 'lock:{blocked}' FOR UPDATE",
-        &[],
-    )
-    .await
-    .expect("row lock");
+    let tx = lock_row(&mut admin, "blocked").await;
     // B keeps trying the blocked lock while its other lease needs renewals.
     let waiter = {
         let b = b.clone();
@@ -454,13 +458,7 @@ async fn a_foreign_row_lock_costs_no_lease_renewed_in_the_same_batch() {
     let ttl = Duration::from_secs(2);
     let (blocked, other) = tokio::join!(hold(&a, "blocked", ttl), hold(&a, "other", ttl));
     let mut admin = server.client().await;
-    let tx = admin.transaction().await.expect("BEGIN");
-    tx.execute(
-        "SELECT 1 FROM lock_records WHERE key = 'lock:{blocked}' FOR UPDATE",
-        &[],
-    )
-    .await
-    .expect("row lock");
+    let tx = lock_row(&mut admin, "blocked").await;
     tokio::time::sleep(ttl * 3).await;
     assert!(
         !other.lease().is_lost(),
