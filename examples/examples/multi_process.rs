@@ -4,7 +4,11 @@
 //!     REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-examples --example multi_process
 //!
 //! Without REDIS_URL it starts a private `redis-server` on a free loopback port (Debian:
-//! `apt-get install -y redis-server`) and stops it at the end.
+//! `apt-get install -y redis-server`) and stops it at the end. With DATABASE_URL the processes
+//! lock in PostgreSQL instead (the demo still counts the runs in Redis):
+//!
+//!     DATABASE_URL=postgres://user:password@127.0.0.1:5432/db \
+//!         cargo run -p lock-examples --example multi_process
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -37,7 +41,13 @@ fn now_ms() -> u64 {
 }
 
 async fn child(url: String, run: u64) -> anyhow::Result<()> {
-    let runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
+    // DATABASE_URL reaches the children through their environment.
+    let builder = LockRuntime::builder();
+    let builder = match std::env::var("DATABASE_URL") {
+        Ok(database) => builder.postgres(database),
+        Err(_) => builder.redis(url.as_str()),
+    };
+    let runtime = builder.build().await?;
     let client = redis::Client::open(url.as_str())?;
     for tick in 0..TICKS {
         let at = run + tick * TICK_MS;
@@ -101,6 +111,9 @@ async fn main() -> anyhow::Result<()> {
             (url, Some(server))
         }
     };
+    if std::env::var("DATABASE_URL").is_ok() {
+        println!("locking in PostgreSQL (DATABASE_URL); counting the runs in Redis");
+    }
     // Every process fires its ticks at the same wall-clock instants.
     let run = now_ms() + 1000;
     let exe = std::env::current_exe()?;
