@@ -119,13 +119,9 @@ impl BackendError {
     /// Wraps a Redis driver error. every `secrets` text is scrubbed from the text, and the
     /// driver error is kept as the source only if it does not contain one.
     pub(crate) fn redis(context: &str, err: redis::RedisError, secrets: &[String]) -> Self {
-        let mut text = err.to_string();
-        let leaks = secrets
-            .iter()
-            .any(|s| !s.is_empty() && text.contains(s.as_str()));
-        for s in secrets.iter().filter(|s| !s.is_empty()) {
-            text = text.replace(s.as_str(), "***");
-        }
+        let raw = err.to_string();
+        let text = scrub(&raw, secrets);
+        let leaks = text != raw;
         let transient = err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
@@ -141,6 +137,14 @@ impl BackendError {
     pub fn message(&self) -> &str {
         &self.message
     }
+}
+
+/// `text` with every non-empty `secrets` text replaced by `***`.
+pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
+    secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .fold(text.to_owned(), |t, s| t.replace(s.as_str(), "***"))
 }
 
 impl fmt::Display for BackendError {

@@ -104,7 +104,7 @@ impl ReleaseHub {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The maps hold no invariant a panicking holder could break half-way.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

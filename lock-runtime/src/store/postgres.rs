@@ -14,10 +14,13 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Statement};
 
+use super::hub::lock;
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
     ReleaseOutcome, ReleaseWatch, Renewal,
 };
+use crate::config::millis_ceil;
+use crate::error::scrub;
 use crate::{BackendError, LockError};
 
 mod listener;
@@ -71,8 +74,8 @@ struct Shared {
     config: tokio_postgres::Config,
     /// The URL with its password replaced, for messages.
     shown: String,
-    /// The password, scrubbed from every driver message.
-    secret: Option<String>,
+    /// The password (if any), scrubbed from every driver message.
+    secret: Vec<String>,
     table: Table,
     connect_timeout: Duration,
     command_timeout: Duration,
@@ -118,9 +121,11 @@ impl PostgresStore {
             .keepalives_retries(3)
             .tcp_user_timeout(options.command_timeout.max(Duration::from_secs(5)))
             .application_name("lock-runtime");
-        let secret = config
+        let secret: Vec<String> = config
             .get_password()
-            .map(|p| String::from_utf8_lossy(p).into_owned());
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .into_iter()
+            .collect();
         let table = Table::new(&options.table).map_err(LockError::config)?;
         let shared = Arc::new(Shared {
             config,
@@ -355,7 +360,7 @@ impl PostgresStore {
 
 /// Whole milliseconds, rounded up, as PostgreSQL's `bigint`.
 fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+    i64::try_from(millis_ceil(d)).unwrap_or(i64::MAX)
 }
 
 fn duration(ms: i64) -> Duration {
@@ -365,7 +370,7 @@ fn duration(ms: i64) -> Duration {
 /// A driver error as a [`BackendError`] with the password removed. Transient: no connection,
 /// a connection that broke, the server shutting down or restarting, a statement cut off by
 /// `statement_timeout`, a deadlock or serialization failure (both retryable by definition).
-fn pg_error(context: &str, e: tokio_postgres::Error, secret: Option<&str>) -> BackendError {
+fn pg_error(context: &str, e: tokio_postgres::Error, secrets: &[String]) -> BackendError {
     let transient = match e.code() {
         None => true,
         Some(code) => [
@@ -383,13 +388,11 @@ fn pg_error(context: &str, e: tokio_postgres::Error, secret: Option<&str>) -> Ba
     };
     // A server's message ("password authentication failed ...") is clearer than the driver's
     // summary ("db error").
-    let mut text = match e.as_db_error() {
+    let text = match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => e.to_string(),
     };
-    if let Some(secret) = secret.filter(|s| !s.is_empty()) {
-        text = text.replace(secret, "***");
-    }
+    let text = scrub(&text, secrets);
     let message = format!("{context}: {text}");
     if transient {
         BackendError::transient(message)
@@ -450,10 +453,6 @@ pub(crate) fn shown_url(url: &str) -> String {
         Ok(config) => shown_config(&config),
         Err(_) => "<an unparsable PostgreSQL URL>".to_owned(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
 };
 use crate::config::{millis_ceil, redact_url, url_secret};
+use crate::error::scrub;
 use crate::{BackendError, LockError};
 
 /// How the builder asked to connect.
@@ -740,12 +741,6 @@ fn value_text(v: &Value) -> String {
         Value::Int(i) => i.to_string(),
         other => format!("{other:?}"),
     }
-}
-
-fn scrub(text: &str, secrets: &[String]) -> String {
-    secrets
-        .iter()
-        .fold(text.to_owned(), |t, s| t.replace(s.as_str(), "***"))
 }
 
 fn percent_decode(s: &str) -> String {

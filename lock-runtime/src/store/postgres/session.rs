@@ -16,7 +16,7 @@ impl Shared {
         pg_error(
             &format!("{context} (PostgreSQL at `{}`)", self.shown),
             e,
-            self.secret.as_deref(),
+            &self.secret,
         )
         .into()
     }
