@@ -30,9 +30,15 @@ fi
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The runtime alone, without the test packages' features (the `metrics` feature off).
+# The runtime alone, without the test packages' features (the `metrics` feature off), and
+# with PostgreSQL but without TLS (the test packages always turn `tls` on).
 cargo clippy -p lock-runtime --lib --locked -- -D warnings
+cargo clippy -p lock-runtime --lib --features postgres --locked -- -D warnings
+cargo test -p lock-runtime --lib --features postgres --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+# The publishable crates, packaged and each built from its package alone (as crates.io would
+# get them; lock-macros and lock-runtime come from a temporary local registry).
+cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
 cargo test --workspace --locked
 # The deterministic simulation to its full budget (1,000,000 leases handed out across seeds) in
 # a release build, about ten times faster than the debug run above, which stops at 100,000.
@@ -42,6 +48,11 @@ cargo test --release --locked -p lock-tests --test simulation -- --nocapture
 # otherwise.
 cargo run -q --locked -p lock-examples --example interest_posting
 cargo run -q --locked -p lock-examples --example multi_process
+# The same two on PostgreSQL (a server started for them, DATABASE_URL pointing at it).
+cargo run -q --locked -p lock-tests --bin with_postgres -- \
+    cargo run -q --locked -p lock-examples --example interest_posting
+cargo run -q --locked -p lock-tests --bin with_postgres -- \
+    cargo run -q --locked -p lock-examples --example multi_process
 
 # The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
 # quoted anywhere; the README's table comes from a full release run).

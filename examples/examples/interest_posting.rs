@@ -9,86 +9,22 @@
 //!     cargo run -p lock-examples --example interest_posting
 //! or on a real Redis:
 //!     REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-examples --example interest_posting
-//! or on PostgreSQL (the table `lock_records` is created if missing):
+//! or on PostgreSQL (the table `lock_records` is created if missing; the ledger then lives in
+//! the same database, in `demo_interest_fences` and `demo_interest_postings`, and checks the
+//! fence in the transaction that writes the posting):
 //!     DATABASE_URL=postgres://user:password@127.0.0.1:5432/db \
 //!         cargo run -p lock-examples --example interest_posting
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use lock_examples::ledger::{Ledger, Posting};
 use lock_runtime::{LockRuntime, MemoryStore, current_lease, distributed_lock};
 
 const INSTANCES: usize = 5;
 const NIGHTS: usize = 3;
 /// One "night" of the demo schedule; a real service would use a cron expression for 2 AM.
 const TICK: Duration = Duration::from_millis(1500);
-
-/// What the ledger did with a posting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Posting {
-    Posted { fence: u64 },
-    AlreadyPosted { by: String },
-    StaleFence { fence: u64, highest: u64 },
-}
-
-/// Stands in for the bank's database: one posting per date, and no write from a holder whose
-/// fence is older than one already seen.
-#[derive(Debug, Clone, Default)]
-struct Ledger {
-    state: Arc<Mutex<LedgerState>>,
-}
-
-#[derive(Debug, Default)]
-struct LedgerState {
-    posted: HashMap<String, String>,
-    /// The highest fence seen per date (fences increase per lock key, and the key is per
-    /// date), with the lock token that wrote it.
-    highest_fence: HashMap<String, (u64, String)>,
-}
-
-impl Ledger {
-    fn post_interest(&self, date: &str, by: &str, fence: u64, token: &str) -> Posting {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let highest = state
-            .highest_fence
-            .entry(date.to_owned())
-            .or_insert((0, String::new()));
-        // A holder that was paused past its lease writes after a newer holder did: its fence
-        // is lower. An equal fence is only ever the same holder again; from another token it
-        // means two holders got one fence, and is refused too.
-        if fence < highest.0 || (fence == highest.0 && token != highest.1) {
-            return Posting::StaleFence {
-                fence,
-                highest: highest.0,
-            };
-        }
-        *highest = (fence, token.to_owned());
-        if let Some(by) = state.posted.get(date) {
-            return Posting::AlreadyPosted { by: by.clone() };
-        }
-        state.posted.insert(date.to_owned(), by.to_owned());
-        Posting::Posted { fence }
-    }
-
-    fn highest_fence(&self, date: &str) -> u64 {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .highest_fence
-            .get(date)
-            .map_or(0, |(fence, _)| *fence)
-    }
-
-    fn postings(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .posted
-            .len()
-    }
-}
 
 /// Posts one night's interest. Runs on one instance only; the others get `Ok(None)`.
 /// `min_hold` keeps the lock a little after the work, so an instance whose clock or scheduler
@@ -107,12 +43,11 @@ async fn post_daily_interest(
     let lease = current_lease().context("inside a locked body")?;
     // Computing interest on every account takes a while.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    Ok(Some(ledger.post_interest(
-        date,
-        instance,
-        lease.fence(),
-        lease.token(),
-    )))
+    Ok(Some(
+        ledger
+            .post_interest(date, instance, lease.fence(), lease.token())
+            .await?,
+    ))
 }
 
 async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<LockRuntime> {
@@ -160,7 +95,11 @@ async fn main() -> anyhow::Result<()> {
     });
 
     let store = MemoryStore::new();
-    let ledger = Ledger::default();
+    // On PostgreSQL the ledger lives in the same database as the locks.
+    let ledger = match std::env::var("DATABASE_URL") {
+        Ok(url) => Ledger::postgres(&url).await?,
+        Err(_) => Ledger::memory(),
+    };
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let mut instances = Vec::new();
     for i in 1..=INSTANCES {
@@ -210,28 +149,30 @@ async fn main() -> anyhow::Result<()> {
 
     // An operator forces a second run of night 1 by hand, bypassing the lock: the ledger's
     // per-date marker keeps the posting single.
-    let forced = ledger.post_interest("2026-12-01", "operator", u64::MAX, "operator");
+    let forced = ledger
+        .post_interest("2026-12-01", "operator", u64::MAX, "operator")
+        .await?;
     println!("\nforced re-run of 2026-12-01 by an operator: {forced:?}");
     // A write with the fence of the night's last writer but another token (two holders handed
     // one fence) is refused like a stale one.
-    let last = ledger.highest_fence("2026-12-02");
-    let twin = ledger.post_interest("2026-12-02", "twin", last, "another-token");
+    let last = ledger.highest_fence("2026-12-02").await?;
+    let twin = ledger
+        .post_interest("2026-12-02", "twin", last, "another-token")
+        .await?;
     println!("same fence, another token, for 2026-12-02: {twin:?}");
     anyhow::ensure!(
         matches!(twin, Posting::StaleFence { .. }),
         "an equal fence from another token must be refused"
     );
 
-    println!(
-        "postings per night: {posted_per_night:?}; ledger holds {} postings",
-        ledger.postings()
-    );
+    let postings = ledger.postings().await?;
+    println!("postings per night: {posted_per_night:?}; ledger holds {postings} postings");
     if stopped_early {
         println!("stopped before the last night; every instance released its locks.");
         return Ok(());
     }
     anyhow::ensure!(
-        posted_per_night.iter().all(|&n| n == 1) && ledger.postings() == NIGHTS,
+        posted_per_night.iter().all(|&n| n == 1) && postings == NIGHTS,
         "expected exactly one posting per night"
     );
     println!("exactly one posting per night.");

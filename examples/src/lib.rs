@@ -1,1 +1,3 @@
-//! Shared bits of the examples: nothing yet beyond the examples themselves.
+//! Shared bits of the examples: the interest-posting demo's ledger.
+
+pub mod ledger;

@@ -13,7 +13,7 @@ use crate::store::{
     RedlockBackend,
 };
 #[cfg(feature = "postgres")]
-use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, shown_postgres_url};
+use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -49,7 +49,7 @@ enum StoreChoice {
     Memory(MemoryStore),
     Custom(CustomStore),
     #[cfg(feature = "postgres")]
-    Postgres(String),
+    Postgres(PostgresTarget),
 }
 
 impl StoreChoice {
@@ -95,7 +95,7 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
             Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
             #[cfg(feature = "postgres")]
-            Some(StoreChoice::Postgres(url)) => format!("postgres({})", shown_postgres_url(url)),
+            Some(StoreChoice::Postgres(target)) => format!("postgres({})", target.shown()),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")
@@ -203,10 +203,32 @@ impl LockRuntimeBuilder {
     /// ([`postgres_table`](Self::postgres_table), default `lock_records`, created by `build()`
     /// if missing), every time from the database's clock, fences from one sequence, waiting
     /// through `LISTEN`/`NOTIFY`. Each runtime keeps two connections: one for commands, one
-    /// listening. TLS to PostgreSQL is not supported yet.
+    /// listening. TLS (with the `tls` cargo feature) when the URL says `sslmode=require`,
+    /// `verify-ca` or `verify-full` (or `sslnegotiation=direct`), or a `tls_root_cert_pem` is
+    /// given; the server's certificate and name are then always verified, against the
+    /// system's roots or that certificate. `sslmode=prefer`, libpq's default, connects
+    /// without TLS.
     #[cfg(feature = "postgres")]
     pub fn postgres(self, url: impl Into<String>) -> Self {
-        self.set_store(StoreChoice::Postgres(url.into()))
+        self.set_store(StoreChoice::Postgres(PostgresTarget::Url(url.into())))
+    }
+
+    /// Like [`postgres`](Self::postgres), from a configuration the service already builds
+    /// (hosts, user, a password from its secret store, `sslmode`); take the driver from
+    /// [`store::tokio_postgres`](crate::store::tokio_postgres) so the versions match. The
+    /// runtime sets the connect timeout, TCP keepalives and user timeout and the application
+    /// name, and TLS follows the same rule as for a URL: `SslMode::Require` (or a direct TLS
+    /// negotiation, or a `tls_root_cert_pem`) means TLS, verified; `SslMode::Prefer`, the
+    /// driver's default, means **no** TLS here. The runtime opens its own connections from
+    /// it: a service's `Client` or pool cannot be lent, because waiting needs a connection
+    /// whose notifications the runtime reads itself, a broken command connection is replaced
+    /// only after its server process has ended, and a pool would not keep a release behind
+    /// its acquire.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_config(self, config: crate::store::tokio_postgres::Config) -> Self {
+        self.set_store(StoreChoice::Postgres(PostgresTarget::Config(Box::new(
+            config,
+        ))))
     }
 
     /// With [`postgres`](Self::postgres): the table to lock in (default `lock_records`).
@@ -252,8 +274,10 @@ impl LockRuntimeBuilder {
     }
 
     /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis) or
-    /// [`redlock`](Self::redlock): trust this PEM root certificate (e.g. a private CA's)
-    /// instead of the system's roots.
+    /// [`redlock`](Self::redlock), or with [`postgres`](Self::postgres) and
+    /// [`postgres_config`](Self::postgres_config) (where it also asks for TLS, as
+    /// `sslmode=require` does): trust this PEM root certificate (e.g. a private CA's) instead
+    /// of the system's roots.
     /// A server whose certificate does not chain to it is refused at `build()`.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -338,7 +362,7 @@ impl LockRuntimeBuilder {
         #[cfg(feature = "postgres")]
         if self.postgres_table.is_some() && !matches!(self.store, Some(StoreChoice::Postgres(_))) {
             return Err(LockError::config(
-                "postgres_table applies to .postgres(url) only",
+                "postgres_table applies to .postgres(url) and .postgres_config(config) only",
             ));
         }
         let backend = match self.store {
@@ -352,16 +376,17 @@ impl LockRuntimeBuilder {
                 Backend::Custom(store.with_timeout(command_timeout))
             }
             #[cfg(feature = "postgres")]
-            Some(StoreChoice::Postgres(url)) => {
+            Some(StoreChoice::Postgres(target)) => {
                 // Boxed: the connect future is deep, and callers' futures that build a
                 // runtime would otherwise carry all of its layout.
                 let store = Box::pin(PostgresStore::connect(PostgresOptions {
-                    url,
+                    target,
                     table: self
                         .postgres_table
                         .unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
                     connect_timeout,
                     command_timeout,
+                    tls_root_cert: self.tls_root_cert,
                 }))
                 .await?;
                 Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))

@@ -1,5 +1,5 @@
 //! Distributed locks for scheduled async jobs: run a job on exactly one of N service
-//! instances, with leases in Redis (or in process memory for demos and tests).
+//! instances, with leases in Redis or PostgreSQL (or in process memory for demos and tests).
 //!
 //! - [`LockRuntime`] is configured once at startup ([`LockRuntime::builder`]) and either
 //!   installed process-wide or used directly.
@@ -31,6 +31,9 @@
 //! two holders overlap. The defence is the [`Lease::fence`]: strictly increasing per key, to be
 //! checked by the storage the job writes. The project README states the remaining failure
 //! modes.
+// On docs.rs (a nightly toolchain, `--cfg docsrs`): each item gated by a cargo feature shows
+// which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(hidden)]
 pub mod __private;

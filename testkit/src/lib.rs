@@ -26,7 +26,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That generates a module `memory_store` with one `#[test]` per case (25); each builds its
+//! That generates a module `memory_store` with one `#[test]` per case (26); each builds its
 //! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
 //! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
 //! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
@@ -108,6 +108,7 @@ macro_rules! behaviour_suite {
             deleted_record_is_reported_lost,
             fences_strictly_increase,
             min_hold_keeps_lock_after_release,
+            min_hold_end_lets_waiter_in,
             dropped_future_releases_promptly,
             panic_releases_promptly,
             waiter_wakes_on_release,

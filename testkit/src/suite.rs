@@ -253,6 +253,44 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
     got.release().await.expect("release");
 }
 
+/// A waiter refused while the lock was held (and told the holder's whole ttl) gets it soon
+/// after an early release's min_hold ends, not at the holder's ttl: the store wakes waiters
+/// when it keeps a released lock for min_hold, and they learn the shorter wait.
+pub async fn min_hold_end_lets_waiter_in<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("min-hold-wait")
+        .ttl(Duration::from_secs(60))
+        .min_hold(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        let got = b
+            .lock("min-hold-wait")
+            .acquire_timeout(Duration::from_secs(30))
+            .await;
+        (Instant::now(), got)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must wait while the lock is held"
+    );
+    let released = Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let (got_at, got) = waiter.await.expect("waiter task");
+    let guard = got.expect("the waiter gets the lock once min_hold has passed");
+    assert!(
+        got_at.duration_since(released) < Duration::from_secs(10),
+        "the waiter got the lock {:?} after the release (min_hold 1 s, ttl 60 s)",
+        got_at.duration_since(released)
+    );
+    guard.release().await.expect("release");
+}
+
 /// A future holding a guard that is dropped (aborted task, timeout) frees the lock at once.
 pub async fn dropped_future_releases_promptly<H: Harness>(store: &H) {
     let a = store.runtime().await;

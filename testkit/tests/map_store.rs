@@ -102,6 +102,9 @@ impl LockStore for MapStore {
             // Kept until min_hold passes, under a value no token equals.
             record.expires = record.expires.min(record.min_hold_until);
             record.token = None;
+            drop(t);
+            // Waiters ask again and learn that the lock frees when min_hold ends.
+            self.hub.notify(names.channel());
             return Ok(ReleaseOutcome::KeptForMinHold);
         }
         t.locks.remove(names.record());

@@ -2,6 +2,7 @@
 //! simulation and the real-process exclusion checker. The suites every store runs live in the
 //! public conformance kit, `lock-testkit`.
 
+pub mod certs;
 pub mod exclusion;
 pub mod fenced;
 pub mod fleet;

@@ -161,11 +161,47 @@ pub struct PostgresServer {
     port: u16,
     dir: tempfile::TempDir,
     user: Option<RunAs>,
+    /// Settings beyond the common ones (`-c name=value` pairs).
+    settings: Vec<String>,
 }
 
 impl PostgresServer {
     /// Starts a server on a copy of the template.
     pub fn start() -> Self {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// Starts a server that accepts only TLS over TCP (password authentication, as
+    /// [`start`](Self::start)), with the certificate `server.crt` and key `server.key` found
+    /// in `certs`. The test's own [`client`](Self::client) comes in over the Unix socket.
+    pub fn start_tls(certs: &Path) -> Self {
+        Self::start_with(|data| {
+            for file in ["server.crt", "server.key"] {
+                std::fs::copy(certs.join(file), data.join(file)).expect("copying the certificate");
+            }
+            let key = data.join("server.key");
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod of the key");
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                 hostnossl all all 127.0.0.1/32 reject\n",
+            )
+            .expect("writing pg_hba.conf");
+            [
+                "ssl=on",
+                "ssl_cert_file=server.crt",
+                "ssl_key_file=server.key",
+            ]
+            .map(String::from)
+            .to_vec()
+        })
+    }
+
+    /// Starts a server on a copy of the template, after `prepare` has changed its data
+    /// directory; it answers the extra settings.
+    fn start_with(prepare: impl FnOnce(&Path) -> Vec<String>) -> Self {
         let template = template();
         let user = run_as();
         let dir = tempfile::Builder::new()
@@ -182,12 +218,14 @@ impl PostgresServer {
             status.success(),
             "copying the template data directory failed"
         );
+        let settings = prepare(&dir.path().join("data"));
         give(dir.path(), user);
         let mut server = PostgresServer {
             child: None,
             port: 0,
             dir,
             user,
+            settings,
         };
         for _ in 0..5 {
             server.port = crate::server::free_port();
@@ -218,6 +256,7 @@ impl PostgresServer {
             // server process is, and its WAL survives in the page cache.
             .args(["-c", "fsync=off", "-c", "synchronous_commit=on"])
             .args(["-c", "shared_buffers=16MB", "-c", "max_connections=60"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -261,13 +300,30 @@ impl PostgresServer {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
     }
 
-    /// A superuser connection for the test's own statements; its driver runs on a task.
+    /// A superuser connection for the test's own statements, over the Unix socket (which
+    /// every server of these tests accepts, TLS-only ones too); its driver runs on a task.
     pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+        let (client, connection) = tokio_postgres::Config::new()
+            .host_path(self.dir.path())
+            .port(self.port)
+            .user(PG_USER)
+            .dbname("postgres")
+            .connect(tokio_postgres::NoTls)
             .await
             .expect("connecting to the test PostgreSQL");
         tokio::spawn(connection);
         client
+    }
+
+    /// A runtime on this server for `owner`, with a command timeout of 2 s.
+    pub async fn runtime(&self, owner: &str) -> lock_runtime::LockRuntime {
+        lock_runtime::LockRuntime::builder()
+            .postgres(self.url())
+            .owner(owner)
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("building a runtime on the test PostgreSQL")
     }
 
     fn signal(&self, signal: &str) {
@@ -322,4 +378,18 @@ impl Drop for PostgresServer {
             let _ = child.wait();
         }
     }
+}
+
+/// Takes `key` for `ttl` through `rt`; it must be free.
+pub async fn hold(
+    rt: &lock_runtime::LockRuntime,
+    key: &str,
+    ttl: Duration,
+) -> lock_runtime::LockGuard {
+    rt.lock(key)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("the key is free")
 }

@@ -4,29 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockGuard, LockRuntime};
+use lock_runtime::{LockError, LockRuntime};
 use lock_tests::PostgresServer;
-use lock_tests::postgres::PG_PASSWORD;
-
-async fn runtime(server: &PostgresServer, owner: &str) -> LockRuntime {
-    LockRuntime::builder()
-        .postgres(server.url())
-        .owner(owner)
-        .command_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect("building a runtime on the test PostgreSQL")
-}
-
-/// Takes `key` for `ttl`; it must be free.
-async fn hold(rt: &LockRuntime, key: &str, ttl: Duration) -> LockGuard {
-    rt.lock(key)
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("the key is free")
-}
+use lock_tests::postgres::{PG_PASSWORD, hold};
 
 /// Opens a transaction that holds the row lock of `key` (namespace `lock`), as a foreign
 /// session would; rolled back when dropped.
@@ -159,7 +139,7 @@ async fn a_missing_table_without_create_permission_is_explained() {
 
     // The documented migration, run by the owner, and the grants the store needs.
     let sql = text
-        .split("with this SQL: ")
+        .split("run this SQL once as its owner: ")
         .nth(1)
         .expect("the message carries the SQL");
     admin
@@ -186,7 +166,7 @@ async fn a_missing_table_without_create_permission_is_explained() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_rows_are_deleted_and_expired_ones_swept() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
+    let a = server.runtime("a").await;
     for i in 0..20 {
         let guard = a
             .lock(format!("job-{i}"))
@@ -221,7 +201,7 @@ async fn released_rows_are_deleted_and_expired_ones_swept() {
         .await
         .expect("inserting expired rows");
     assert_eq!(rows(&server).await, 301);
-    let _b = runtime(&server, "b").await;
+    let _b = server.runtime("b").await;
     assert_eq!(
         rows(&server).await,
         1,
@@ -232,8 +212,8 @@ async fn released_rows_are_deleted_and_expired_ones_swept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_rising() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
-    let b = runtime(&server, "b").await;
+    let a = server.runtime("a").await;
+    let b = server.runtime("b").await;
     let ttl = Duration::from_secs(6);
     let first = a
         .lock("ledger")
@@ -294,8 +274,8 @@ async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backends_cost_no_lease_and_no_wake_up() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
-    let b = runtime(&server, "b").await;
+    let a = server.runtime("a").await;
+    let b = server.runtime("b").await;
     let ttl = Duration::from_secs(3);
     let held = a
         .lock("report")
@@ -346,8 +326,8 @@ async fn terminated_backends_cost_no_lease_and_no_wake_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_stuck_behind_a_foreign_row_lock_answers_busy_in_bounded_time() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
-    let b = runtime(&server, "b").await;
+    let a = server.runtime("a").await;
+    let b = server.runtime("b").await;
     let held = hold(&a, "payroll", Duration::from_secs(20)).await;
     // Another session holds the row's lock in an open transaction.
     let mut admin = server.client().await;
@@ -389,8 +369,8 @@ async fn an_acquire_stuck_behind_a_foreign_row_lock_answers_busy_in_bounded_time
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_racing_a_done_marker_still_releases() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
-    let b = runtime(&server, "b").await;
+    let a = server.runtime("a").await;
+    let b = server.runtime("b").await;
     let held = hold(&a, "nightly", Duration::from_secs(30)).await;
     let mut admin = server.client().await;
     let tx = admin.transaction().await.expect("BEGIN");
@@ -424,8 +404,8 @@ async fn a_release_racing_a_done_marker_still_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_row_lock_costs_no_other_lease() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
-    let b = runtime(&server, "b").await;
+    let a = server.runtime("a").await;
+    let b = server.runtime("b").await;
     let _blocked = hold(&a, "blocked", Duration::from_secs(60)).await;
     let other = hold(&b, "other", Duration::from_secs(2)).await;
     let mut admin = server.client().await;
@@ -454,7 +434,7 @@ async fn a_foreign_row_lock_costs_no_other_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_row_lock_costs_no_lease_renewed_in_the_same_batch() {
     let server = PostgresServer::start();
-    let a = runtime(&server, "a").await;
+    let a = server.runtime("a").await;
     let ttl = Duration::from_secs(2);
     let (blocked, other) = tokio::join!(hold(&a, "blocked", ttl), hold(&a, "other", ttl));
     let mut admin = server.client().await;
@@ -467,4 +447,105 @@ async fn a_foreign_row_lock_costs_no_lease_renewed_in_the_same_batch() {
     tx.rollback().await.expect("ROLLBACK");
     drop(blocked);
     assert!(other.release().await.expect("release"));
+}
+
+/// A table made by an earlier version lacks the `wanted` column: its owner's runtime adds
+/// it; a user who may not gets the SQL to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_table_gains_its_column_or_the_sql_for_it() {
+    let server = PostgresServer::start();
+    let admin = server.client().await;
+    let old_schema = |t: &str| {
+        format!(
+            "CREATE TABLE {t} (key text PRIMARY KEY, token text, owner text NOT NULL,
+                fence bigint NOT NULL, acquired_at timestamptz NOT NULL,
+                expires_at timestamptz NOT NULL, min_hold_until timestamptz NOT NULL,
+                done_until timestamptz);
+             CREATE SEQUENCE {t}_fence;"
+        )
+    };
+    admin
+        .batch_execute(&format!(
+            "{} {}
+             CREATE ROLE app LOGIN PASSWORD 'app-pw-2718';
+             GRANT SELECT, INSERT, UPDATE, DELETE ON old_locks TO app;
+             GRANT USAGE ON SEQUENCE old_locks_fence TO app;",
+            old_schema("own_locks"),
+            old_schema("old_locks")
+        ))
+        .await
+        .expect("tables of an earlier version");
+
+    // The owner's runtime (the superuser here) brings its table up to date.
+    let rt = LockRuntime::builder()
+        .postgres(server.url())
+        .postgres_table("own_locks")
+        .build()
+        .await
+        .expect("the owner adds the column");
+    let guard = rt.lock("nightly").try_acquire().await.expect("acquire");
+    assert!(guard.expect("free").release().await.expect("release"));
+    rt.shutdown().await;
+
+    let url = format!(
+        "postgres://app:app-pw-2718@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    let build = || {
+        LockRuntime::builder()
+            .postgres(&url)
+            .postgres_table("old_locks")
+            .build()
+    };
+    let err = build().await.expect_err("no right to change the table");
+    let text = err.to_string();
+    assert!(matches!(err, LockError::Config(_)), "{text}");
+    assert!(
+        text.contains("ALTER TABLE old_locks ADD COLUMN IF NOT EXISTS wanted"),
+        "{text}"
+    );
+    let sql = text
+        .split("run this SQL once as its owner: ")
+        .nth(1)
+        .expect("the message carries the SQL");
+    admin.batch_execute(sql).await.expect("the SQL runs");
+    let rt = build().await.expect("the table is up to date");
+    let guard = rt.lock("nightly").try_acquire().await.expect("acquire");
+    assert!(guard.expect("free").release().await.expect("release"));
+}
+
+/// A service that builds its driver configuration itself (a password from its secret store)
+/// hands it over as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_config_the_service_built_is_accepted() {
+    use lock_runtime::store::tokio_postgres::Config;
+    let server = PostgresServer::start();
+    let mut config = Config::new();
+    config
+        .host("127.0.0.1")
+        .port(server.port())
+        .user(lock_tests::postgres::PG_USER)
+        .password(PG_PASSWORD)
+        .dbname("postgres");
+    let builder = LockRuntime::builder().postgres_config(config.clone());
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains(PG_PASSWORD), "{shown}");
+    assert!(shown.contains("locktest@127.0.0.1"), "{shown}");
+    let rt = builder.build().await.expect("build from a Config");
+    hold(&rt, "from-config", Duration::from_secs(5))
+        .await
+        .release()
+        .await
+        .expect("release");
+
+    config.password("wrong-password-5772");
+    let err = LockRuntime::builder()
+        .postgres_config(config)
+        .build()
+        .await
+        .expect_err("a wrong password");
+    let text = err.to_string();
+    assert!(text.contains("password authentication failed"), "{text}");
+    assert!(!text.contains("wrong-password-5772"), "{text}");
+    rt.shutdown().await;
 }

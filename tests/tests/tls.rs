@@ -6,81 +6,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockRuntime};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running openssl (Debian: apt-get install -y openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, and a server certificate for 127.0.0.1 signed by it, in `dir`.
-fn make_certs(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-        ],
-    );
-}
-
-fn make_server_cert(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-}
+use lock_runtime::LockRuntime;
+use lock_tests::certs;
 
 /// A TLS-only redis-server, killed (by PID) on drop.
 struct TlsServer(Child, u16);
@@ -138,9 +65,9 @@ fn start_tls_server(dir: &Path) -> TlsServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
     let dir = tempfile::tempdir().expect("temp dir");
-    make_certs(dir.path(), "ca");
-    make_certs(dir.path(), "other-ca");
-    make_server_cert(dir.path(), "ca");
+    certs::ca(dir.path(), "ca");
+    certs::ca(dir.path(), "other-ca");
+    certs::server_cert(dir.path(), "ca");
     let server = start_tls_server(dir.path());
     let url = format!("rediss://127.0.0.1:{}", server.1);
     let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
@@ -158,20 +85,9 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
         .build()
         .await
         .expect("TLS with the right CA");
-    let guard = a
-        .lock("tls")
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(!guard.lease().is_lost(), "renewed over TLS");
-    assert!(guard.release().await.expect("release"));
-    // Waiting over the TLS subscriber.
-    lock_testkit::suite::release_wakes_waiter(&a, &b, "tls-wait").await;
+    certs::renews_and_wakes(&a, &b).await;
 
-    for (what, builder) in [
+    certs::refused_for_the_certificate(vec![
         (
             "a wrong CA",
             LockRuntime::builder()
@@ -182,27 +98,16 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
             "the system roots",
             LockRuntime::builder().redis(url.as_str()),
         ),
-    ] {
-        let err = builder
-            .connect_timeout(Duration::from_secs(2))
-            .build()
-            .await
-            .expect_err(what);
-        assert!(matches!(err, LockError::Backend(_)), "{what}: {err:?}");
-        let text = err.to_string().to_lowercase();
-        assert!(
-            text.contains("certificate") || text.contains("issuer"),
-            "{what}: {err}"
-        );
-    }
+    ])
+    .await;
 }
 
 /// Redlock over TLS: every master is a TLS-only server trusted through the private CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
-    make_certs(dir.path(), "ca");
-    make_server_cert(dir.path(), "ca");
+    certs::ca(dir.path(), "ca");
+    certs::server_cert(dir.path(), "ca");
     let servers: Vec<TlsServer> = (0..3).map(|_| start_tls_server(dir.path())).collect();
     let urls: Vec<String> = servers
         .iter()

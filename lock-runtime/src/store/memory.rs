@@ -224,7 +224,9 @@ impl MemoryStore {
                 ReleaseOutcome::Released
             }
         };
-        if outcome == ReleaseOutcome::Released {
+        // Kept for min_hold too: waiters were told the holder's whole ttl, and ask again to
+        // learn that the lock frees when min_hold ends.
+        if outcome != ReleaseOutcome::NotOwner {
             self.shared.hub.notify(&names.channel);
         }
         outcome

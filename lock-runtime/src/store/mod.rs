@@ -27,11 +27,15 @@ mod sentinel;
 pub use hub::{ReleaseHub, ReleaseWatch};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub(crate) use postgres::{
-    DEFAULT_TABLE, PostgresOptions, PostgresStore, shown_url as shown_postgres_url,
-};
+pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
 pub(crate) use redis::{RedisBackend, RedisOptions};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
+/// The PostgreSQL driver the store is built on (cargo feature `postgres`), so a
+/// [`Config`](tokio_postgres::Config) for
+/// [`LockRuntimeBuilder::postgres_config`](crate::LockRuntimeBuilder::postgres_config) comes
+/// from the same version.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 /// The names of one lock in a store: `<ns>:{<key>}` and its companions. The braces are a Redis
 /// Cluster hash tag, so all of them live in one slot and one script may touch them together.
@@ -317,20 +321,22 @@ pub struct AcquireRequest<'a> {
 ///         if let Some(retention) = done_retention {
 ///             s.done.insert(names.done().to_owned(), now + retention);
 ///         }
-///         match s.records.get_mut(names.record()) {
+///         let outcome = match s.records.get_mut(names.record()) {
 ///             Some(rec) if rec.token == token && rec.until > now => {
 ///                 if rec.keep_until > now {
 ///                     rec.until = rec.until.min(rec.keep_until);
 ///                     rec.token = "released".to_owned(); // no token: those are 32 hex digits
-///                     return Ok(ReleaseOutcome::KeptForMinHold);
+///                     ReleaseOutcome::KeptForMinHold
+///                 } else {
+///                     s.records.remove(names.record());
+///                     ReleaseOutcome::Released
 ///                 }
-///                 s.records.remove(names.record());
-///                 drop(s);
-///                 self.hub.notify(names.channel());
-///                 Ok(ReleaseOutcome::Released)
 ///             }
-///             _ => Ok(ReleaseOutcome::NotOwner),
-///         }
+///             _ => return Ok(ReleaseOutcome::NotOwner),
+///         };
+///         drop(s);
+///         self.hub.notify(names.channel());
+///         Ok(outcome)
 ///     }
 ///
 ///     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
@@ -380,8 +386,9 @@ pub trait LockStore: Send + Sync + 'static {
 
     /// Gives the lock back if its record carries `token`: removes it and wakes the lock's
     /// watchers ([`ReleaseOutcome::Released`]), or, while the record's `min_hold` has not
-    /// passed, keeps it until then under a value no token matches
-    /// ([`ReleaseOutcome::KeptForMinHold`]). Any other token changes nothing
+    /// passed, keeps it until then under a value no token matches and wakes them too
+    /// ([`ReleaseOutcome::KeptForMinHold`]: they were told the holder's whole ttl, and asking
+    /// again tells them when min_hold ends). Any other token changes nothing
     /// ([`ReleaseOutcome::NotOwner`]). When `done_retention` is set, the `once` marker is
     /// written for that long whatever the token, in the same atomic step as the release (a
     /// marker written apart from it can let the job run twice); the runtime writes a marker

@@ -6,7 +6,6 @@
 //! pipelining connection, re-opened when it breaks; releases are announced with `NOTIFY` on
 //! one channel per table, which one `LISTEN`ing connection per runtime fans out to waiters.
 
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use crate::{BackendError, LockError};
 mod listener;
 mod session;
 mod sql;
+mod tls;
 
 use listener::Listener;
 use session::{BackendId, sweep_loop};
@@ -38,13 +38,37 @@ pub(crate) const DEFAULT_TABLE: &str = "lock_records";
 /// released ones are deleted at once).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// What `build()` needs to open the store.
+/// Where the store connects: a connection string, or the driver's configuration.
+pub(crate) enum PostgresTarget {
+    Url(String),
+    Config(Box<tokio_postgres::Config>),
+}
+
+impl std::fmt::Debug for PostgresTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+impl PostgresTarget {
+    /// For messages: the user, hosts, ports and database, never a password.
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            PostgresTarget::Url(url) => shown_url(url),
+            PostgresTarget::Config(config) => shown_config(config),
+        }
+    }
+}
+
+/// What `build()` needs to open the store. (Its `Debug` shows the target without a password.)
 #[derive(Debug)]
 pub(crate) struct PostgresOptions {
-    pub(crate) url: String,
+    pub(crate) target: PostgresTarget,
     pub(crate) table: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    /// A PEM root certificate to trust instead of the system's; asks for TLS.
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
 }
 
 /// The PostgreSQL store of one runtime.
@@ -71,7 +95,7 @@ impl Drop for PostgresStore {
 
 /// What the store's calls and its background tasks share.
 struct Shared {
-    config: tokio_postgres::Config,
+    endpoint: tls::Endpoint,
     /// The URL with its password replaced, for messages.
     shown: String,
     /// The password (if any), scrubbed from every driver message.
@@ -92,6 +116,8 @@ struct Session {
     backend: BackendId,
     owns: Statement,
     acquire: Statement,
+    mark: Statement,
+    release_plain: Statement,
     release: Statement,
     extend: Statement,
     inspect: Statement,
@@ -101,14 +127,22 @@ impl PostgresStore {
     /// Connects, creates the table if it is missing, prepares the statements and starts
     /// listening for releases; every failure is reported here, not at the first lock.
     pub(crate) async fn connect(options: PostgresOptions) -> Result<Self, LockError> {
-        check_url(&options.url)?;
-        // The driver's message is left out: it can quote a piece of a mistyped password.
-        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(|_| {
-            LockError::config(
-                "cannot read the PostgreSQL URL: expected postgres://user:password@host:port/db \
-                 (special characters percent-encoded) or libpq's key=value pairs",
-            )
-        })?;
+        let mut config = match options.target {
+            PostgresTarget::Url(url) => {
+                check_url(&url)?;
+                // The driver's message is left out: it can quote a piece of a mistyped
+                // password.
+                tls::parse(&url).ok_or_else(|| {
+                    LockError::config(
+                        "cannot read the PostgreSQL URL: expected \
+                         postgres://user:password@host:port/db (special characters \
+                         percent-encoded) or libpq's key=value pairs",
+                    )
+                })?
+            }
+            PostgresTarget::Config(config) => *config,
+        };
+        let tls = tls::connector(&mut config, options.tls_root_cert.as_deref())?;
         let shown = shown_config(&config);
         // A peer that vanished without a word (a host crash, a moved address) is noticed in
         // seconds, not after the kernel's two hours of keepalive idleness; the listening
@@ -128,7 +162,7 @@ impl PostgresStore {
             .collect();
         let table = Table::new(&options.table).map_err(LockError::config)?;
         let shared = Arc::new(Shared {
-            config,
+            endpoint: tls::Endpoint::new(config, tls),
             shown,
             secret,
             table,
@@ -143,7 +177,7 @@ impl PostgresStore {
         *lock(&shared.session) = Some(Arc::new(session));
         shared.sweep().await;
         let listener = Listener::start(
-            shared.config.clone(),
+            shared.endpoint.clone(),
             shared.table.channel.clone(),
             options.connect_timeout,
         )
@@ -167,12 +201,12 @@ impl LockStore for PostgresStore {
         let s = self.shared.session().await?;
         let ttl = millis(r.ttl);
         let min_hold = millis(r.min_hold);
-        // A row committed after this statement's snapshot was taken refuses the grant but is
-        // not in the snapshot the holder's expiry is read from; asking again sees it.
+        // Refused, then marked: a release between the two (no row to mark) or an expiry
+        // (nothing left to wait for) is met by asking again at once.
         for _ in 0..3 {
-            let row = s
+            let granted = s
                 .client
-                .query_one(
+                .query_opt(
                     &s.acquire,
                     &[
                         &r.names.record(),
@@ -184,32 +218,39 @@ impl LockStore for PostgresStore {
                     ],
                 )
                 .await;
-            let row = match row {
-                Ok(row) => row,
+            match granted {
+                Ok(Some(row)) => {
+                    let fence: i64 = row.try_get(0).map_err(|e| self.decode(e))?;
+                    return Ok(AcquireOutcome::Acquired {
+                        fence: u64::try_from(fence).unwrap_or(0),
+                    });
+                }
+                Ok(None) => {}
                 // Another caller kept this lock's row (or its advisory lock) past lock_timeout:
                 // nothing was granted (the statement rolled back), and the lock is busy.
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     return Ok(AcquireOutcome::Held { pttl: None });
                 }
                 Err(e) => return Err(self.shared.error("acquire failed", e)),
-            };
-            let fence: Option<i64> = row.try_get(0).map_err(|e| self.decode(e))?;
-            let held: Option<i64> = row.try_get(1).map_err(|e| self.decode(e))?;
-            let done: Option<i64> = row.try_get(2).map_err(|e| self.decode(e))?;
-            if let Some(fence) = fence {
-                return Ok(AcquireOutcome::Acquired {
-                    fence: u64::try_from(fence).unwrap_or(0),
-                });
             }
+            let row = match s.client.query_opt(&s.mark, &[&r.names.record()]).await {
+                Ok(Some(row)) => row,
+                Ok(None) => continue,
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    return Ok(AcquireOutcome::Held { pttl: None });
+                }
+                Err(e) => return Err(self.shared.error("acquire failed", e)),
+            };
+            let remaining = |i: usize| -> Result<Option<Duration>, LockError> {
+                let ms: Option<i64> = row.try_get(i).map_err(|e| self.decode(e))?;
+                Ok(ms.filter(|&ms| ms > 0).map(duration))
+            };
+            let (held, done) = (remaining(0)?, remaining(1)?);
             if r.once && done.is_some() {
-                return Ok(AcquireOutcome::Done {
-                    pttl: done.map(duration),
-                });
+                return Ok(AcquireOutcome::Done { pttl: done });
             }
             if held.is_some() {
-                return Ok(AcquireOutcome::Held {
-                    pttl: held.map(duration),
-                });
+                return Ok(AcquireOutcome::Held { pttl: held });
             }
         }
         Ok(AcquireOutcome::Held { pttl: None })
@@ -223,6 +264,23 @@ impl LockStore for PostgresStore {
     ) -> Result<ReleaseOutcome, LockError> {
         let s = self.shared.session().await?;
         let retention = done_retention.map(millis);
+        // Most releases have nothing to keep: one plain DELETE. Anything else (min_hold, a
+        // done marker, not ours, a row lock in the way) is left to the full statement.
+        if retention.is_none() {
+            match s
+                .client
+                .query_opt(
+                    &s.release_plain,
+                    &[&names.record(), &token, &names.channel()],
+                )
+                .await
+            {
+                Ok(Some(_)) => return Ok(ReleaseOutcome::Released),
+                Ok(None) => {}
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {}
+                Err(e) => return Err(self.shared.error("release failed", e)),
+            }
+        }
         // The statement decides its branch on its snapshot: a change committed meanwhile
         // (another caller's done marker on this row) can hide the row from every branch. A
         // "not ours" is therefore checked on a fresh snapshot, and the release asked again
@@ -390,7 +448,20 @@ fn pg_error(context: &str, e: tokio_postgres::Error, secrets: &[String]) -> Back
     // summary ("db error").
     let text = match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        // The driver's summary ("error performing TLS handshake") names no cause; its
+        // sources do ("invalid peer certificate: UnknownIssuer").
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                let said = cause.to_string();
+                if !text.contains(&said) {
+                    text = format!("{text}: {said}");
+                }
+                source = cause.source();
+            }
+            text
+        }
     };
     let text = scrub(&text, secrets);
     let message = format!("{context}: {text}");
@@ -449,9 +520,9 @@ fn check_url(url: &str) -> Result<(), LockError> {
 /// A PostgreSQL connection string for messages: parsed and shown by its parts, or, when it
 /// does not parse, nothing of it.
 pub(crate) fn shown_url(url: &str) -> String {
-    match tokio_postgres::Config::from_str(url) {
-        Ok(config) => shown_config(&config),
-        Err(_) => "<an unparsable PostgreSQL URL>".to_owned(),
+    match tls::parse(url) {
+        Some(config) => shown_config(&config),
+        None => "<an unparsable PostgreSQL URL>".to_owned(),
     }
 }
 

@@ -225,18 +225,24 @@ impl World {
             let kept = rec.clone();
             self.history.freed(&r.token, kept.expires_at);
             self.ship(now, Write::Record(r.record.clone(), Some(kept)));
+            self.publish(now, &r.channel);
             return ReleaseOutcome::KeptForMinHold;
         }
         self.master.records.remove(&r.record);
         self.ship(now, Write::Record(r.record.clone(), None));
         self.history.freed(&r.token, now);
+        self.publish(now, &r.channel);
+        ReleaseOutcome::Released
+    }
+
+    /// A release announced, kept for min_hold or not (as the Redis script does).
+    fn publish(&self, now: Instant, channel: &str) {
         for (client, hub) in self.hubs.iter().enumerate() {
             // Pub/sub is not replayed: a partitioned client misses the message.
             if now >= self.partitioned_until[client] {
-                hub.notify(&r.channel);
+                hub.notify(channel);
             }
         }
-        ReleaseOutcome::Released
     }
 
     fn extend(&mut self, items: &[ExtendItem], now: Instant) -> Vec<Renewal> {

@@ -3,8 +3,17 @@
 -- ARGV[1] token   ARGV[2] release channel   ARGV[3] done retention ms (0: write no marker)
 -- ARGV[4] '1' on a Redis Cluster: publish on the sharded channel of the lock's slot
 -- Returns 1 released | 2 kept until min_hold passes | 0 not ours (expired or taken over)
+-- Both 1 and 2 are published: after 2, waiters ask again and learn that the lock frees when
+-- min_hold ends (they were told the holder's whole ttl).
 -- The done marker is written whether or not the lock is still ours: it records that the work
 -- succeeded, and a lease that lapsed while the work ran must not make the work run again.
+local function announce()
+  if ARGV[4] == '1' then
+    redis.call('SPUBLISH', ARGV[2], ARGV[1])
+  else
+    redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
+end
 if ARGV[3] ~= '0' then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 end
@@ -22,13 +31,10 @@ if hold_until > 0 then
     -- with the old token that arrives after this must not find it theirs (tokens are hex).
     redis.call('HSET', KEYS[1], 'token', 'released')
     redis.call('PEXPIRE', KEYS[1], hold_until - now_ms)
+    announce()
     return 2
   end
 end
 redis.call('DEL', KEYS[1])
-if ARGV[4] == '1' then
-  redis.call('SPUBLISH', ARGV[2], ARGV[1])
-else
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
-end
+announce()
 return 1

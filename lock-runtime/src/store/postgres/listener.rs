@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
+
+use super::tls::Endpoint;
 
 use super::ReleaseHub;
 
@@ -30,15 +32,15 @@ impl Listener {
     /// Opens the connection and listens; returns once the server confirmed `LISTEN`, or the
     /// first failure.
     pub(super) async fn start(
-        config: tokio_postgres::Config,
+        endpoint: Endpoint,
         channel: String,
         connect_timeout: Duration,
     ) -> Result<Self, tokio_postgres::Error> {
         let hub = Arc::new(ReleaseHub::new());
         let (live_tx, live) = watch::channel(false);
-        let first = listen(&config, &channel, &hub, &live_tx).await?;
+        let first = listen(&endpoint, &channel, &hub, &live_tx).await?;
         let task = tokio::spawn(run(
-            config,
+            endpoint,
             channel,
             hub.clone(),
             live_tx,
@@ -71,12 +73,12 @@ struct Listening {
 
 /// Opens a connection, starts driving it (notifications to the hub) and issues `LISTEN`.
 async fn listen(
-    config: &tokio_postgres::Config,
+    endpoint: &Endpoint,
     channel: &str,
     hub: &Arc<ReleaseHub>,
     live: &watch::Sender<bool>,
 ) -> Result<Listening, tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = endpoint.connect().await?;
     let fan_out = hub.clone();
     let driver = tokio::spawn(async move {
         while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
@@ -107,7 +109,7 @@ async fn listen(
 }
 
 async fn run(
-    config: tokio_postgres::Config,
+    endpoint: Endpoint,
     channel: String,
     hub: Arc<ReleaseHub>,
     live: watch::Sender<bool>,
@@ -121,7 +123,7 @@ async fn run(
         live.send_replace(false);
         loop {
             tokio::time::sleep(pause).await;
-            match tokio::time::timeout(connect_timeout, listen(&config, &channel, &hub, &live))
+            match tokio::time::timeout(connect_timeout, listen(&endpoint, &channel, &hub, &live))
                 .await
             {
                 Ok(Ok(next)) => {

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
 
 use super::{SWEEP_EVERY, Session, Shared, lock, pg_error};
 use crate::{BackendError, LockError};
@@ -44,8 +44,8 @@ impl Shared {
     /// Opens a command connection; its driver runs on its own task until the client drops.
     pub(super) async fn open(&self) -> Result<Client, LockError> {
         let (client, connection) = self
-            .config
-            .connect(NoTls)
+            .endpoint
+            .connect()
             .await
             .map_err(|e| self.error("cannot connect", e))?;
         tokio::spawn(async move {
@@ -73,11 +73,11 @@ impl Shared {
         Ok(client)
     }
 
-    /// Creates the table and its sequence unless both exist; a user who may not create them
-    /// is told what to run instead.
+    /// Creates the table and its sequence unless both exist (and adds the columns an older
+    /// table lacks); a user who may not is told what to run instead.
     pub(super) async fn ensure_table(&self, client: &Client) -> Result<(), LockError> {
         if self
-            .table_exists(client)
+            .table_ready(client)
             .await
             .map_err(|e| self.error("cannot look up the lock table", e))?
         {
@@ -86,11 +86,12 @@ impl Shared {
         match client.batch_execute(&self.table.create()).await {
             Ok(()) => Ok(()),
             // Another runtime created it at the same moment.
-            Err(_) if self.table_exists(client).await.unwrap_or(false) => Ok(()),
+            Err(_) if self.table_ready(client).await.unwrap_or(false) => Ok(()),
             Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
                 Err(LockError::config(format!(
-                    "the lock table `{}` does not exist and this user may not create it \
-                     (PostgreSQL at `{}`): create it once as its owner with this SQL: {}",
+                    "the lock table `{}` is missing (or an older one lacks the `wanted` \
+                     column) and this user may not create or change it (PostgreSQL at `{}`): \
+                     run this SQL once as its owner: {}",
                     self.table.name,
                     self.shown,
                     self.table
@@ -126,21 +127,31 @@ impl Shared {
         Ok(())
     }
 
-    pub(super) async fn table_exists(
-        &self,
-        client: &Client,
-    ) -> Result<bool, tokio_postgres::Error> {
+    /// Whether the table (with every column this version uses) and its sequence exist.
+    pub(super) async fn table_ready(&self, client: &Client) -> Result<bool, tokio_postgres::Error> {
         let t = &self.table;
         client
             .query_one(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+                "SELECT to_regclass($2) IS NOT NULL AND EXISTS (
+                     SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
+                     AND attname = 'wanted' AND NOT attisdropped)",
                 &[&t.name, &t.sequence],
             )
             .await?
             .try_get(0)
     }
 
+    /// Readies a command connection: its planner settings, its statements, its identity.
     pub(super) async fn prepare(&self, client: Client) -> Result<Session, LockError> {
+        // Every statement of this connection finds its rows by key. A lock table is often
+        // empty when it is vacuumed, and statistics of zero pages make a full scan look free:
+        // plans cached then read every row, dead or alive, on each acquire and release once
+        // the table fills (a busy table: thousands). The sweep, which must scan, runs on a
+        // connection of its own with the server's defaults.
+        client
+            .batch_execute("SET enable_seqscan = off")
+            .await
+            .map_err(|e| self.error("cannot set the session's planner settings", e))?;
         let t = &self.table;
         let prepare = |sql: String| {
             let client = &client;
@@ -149,13 +160,15 @@ impl Shared {
         let statements = async {
             Ok::<_, tokio_postgres::Error>((
                 prepare(t.acquire()).await?,
+                prepare(t.mark()).await?,
+                prepare(t.release_plain()).await?,
                 prepare(t.release()).await?,
                 prepare(t.extend()).await?,
                 prepare(t.inspect()).await?,
                 prepare(t.owns()).await?,
             ))
         };
-        let (acquire, release, extend, inspect, owns) = statements
+        let (acquire, mark, release_plain, release, extend, inspect, owns) = statements
             .await
             .map_err(|e| self.error("cannot prepare the lock statements", e))?;
         let identify = async {
@@ -179,6 +192,8 @@ impl Shared {
             backend,
             owns,
             acquire,
+            mark,
+            release_plain,
             release,
             extend,
             inspect,

@@ -56,8 +56,10 @@ impl Table {
                 acquired_at    timestamptz NOT NULL,
                 expires_at     timestamptz NOT NULL,
                 min_hold_until timestamptz NOT NULL,
-                done_until     timestamptz
+                done_until     timestamptz,
+                wanted         boolean NOT NULL DEFAULT false
             );
+            ALTER TABLE {t} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false;
             CREATE SEQUENCE IF NOT EXISTS {s};",
             t = self.name,
             s = self.sequence
@@ -65,49 +67,79 @@ impl Table {
     }
 
     /// `$1` key, `$2` token, `$3` owner, `$4` ttl ms, `$5` min_hold ms, `$6` once.
-    /// Answers the new fence when granted (else NULL), then the remaining ms of the record and
-    /// of the done marker as this statement's snapshot saw them (NULL: none).
+    /// Answers one row, the new fence, when granted; none when the lock is held (or, with
+    /// `once`, done).
     ///
     /// A free row (expired, or kept only for a done marker) is taken over in place; the
     /// `WHERE` of `DO UPDATE` is evaluated on the newest row version under its row lock, so two
     /// acquirers racing for a free row cannot both win. `nextval` never hands out a value
     /// twice, also across restarts; the acquires of one lock take a transaction-level advisory
-    /// lock on its key before drawing one, so they draw in the order they commit, and fences
-    /// strictly increase per lock even though released rows are deleted. (Without it, an
-    /// acquire that drew 10 and then waited could insert after one that drew 11 had come and
-    /// gone.)
+    /// lock on its key before drawing one (the subquery runs first: its volatile calls keep
+    /// it from being merged into the outer query), so they draw in the order they commit, and
+    /// fences strictly increase per lock even though released rows are deleted. (Without it,
+    /// an acquire that drew 10 and then waited could insert after one that drew 11 had come
+    /// and gone.) A done marker lives on a row, so `once` is checked on the conflict alone.
+    ///
+    /// This is the statement every lock pays for, so it is one plain `INSERT`: each node and
+    /// expression of a plan costs server time on every execution (measured: a statement
+    /// built of CTEs cost four times this one).
     pub(super) fn acquire(&self) -> String {
         format!(
-            "WITH serial AS MATERIALIZED (
-                SELECT pg_advisory_xact_lock(hashtextextended($1, {salt})) AS locked),
-            now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM serial),
-            prior AS (SELECT r.expires_at, r.done_until FROM {t} r WHERE r.key = $1),
-            won AS (
-                INSERT INTO {t} AS r
-                    (key, token, owner, fence, acquired_at, expires_at, min_hold_until)
-                SELECT $1, $2, $3, nextval('{s}'), now.t,
-                       now.t + $4::bigint * interval '1 millisecond',
-                       now.t + $5::bigint * interval '1 millisecond'
-                FROM now
-                WHERE NOT ($6::boolean AND EXISTS (
-                    SELECT 1 FROM prior WHERE prior.done_until > (SELECT t FROM now)))
-                ON CONFLICT (key) DO UPDATE SET
-                    token = EXCLUDED.token, owner = EXCLUDED.owner, fence = EXCLUDED.fence,
-                    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
-                    min_hold_until = EXCLUDED.min_hold_until
-                WHERE r.expires_at <= EXCLUDED.acquired_at
-                  AND NOT ($6::boolean
-                           AND coalesce(r.done_until > EXCLUDED.acquired_at, false))
-                RETURNING r.fence
-            )
-            SELECT (SELECT fence FROM won),
-                   (SELECT {ms} FROM prior, now WHERE prior.expires_at > now.t),
-                   (SELECT {done} FROM prior, now WHERE prior.done_until > now.t)",
+            "INSERT INTO {t} AS r
+                (key, token, owner, fence, acquired_at, expires_at, min_hold_until)
+            SELECT $1, $2, $3, nextval('{s}'), n.t,
+                   n.t + $4::bigint * interval '1 millisecond',
+                   n.t + $5::bigint * interval '1 millisecond'
+            FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, {salt})),
+                         clock_timestamp() AS t OFFSET 0) n
+            ON CONFLICT (key) DO UPDATE SET
+                token = EXCLUDED.token, owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,
+                min_hold_until = EXCLUDED.min_hold_until
+            WHERE r.expires_at <= EXCLUDED.acquired_at
+              AND NOT ($6::boolean AND coalesce(r.done_until > EXCLUDED.acquired_at, false))
+            RETURNING r.fence",
             t = self.name,
             s = self.sequence,
             salt = ADVISORY_SALT,
-            ms = millis("prior.expires_at - now.t"),
-            done = millis("prior.done_until - now.t"),
+        )
+    }
+
+    /// `$1` key. After a refused acquire: sets `wanted`, so the holder's release announces
+    /// itself, and answers the remaining ms of the record and of its done marker (zero or
+    /// less: none), read under the row lock. No row: the lock was released meanwhile.
+    ///
+    /// The flag is on the row whose holder refused us, or on a later holder's (a release in
+    /// between deleted ours, or a new acquire took the row over): either way the next
+    /// release of this lock announces itself, or no row is found and the caller asks again
+    /// at once. The flag lives as long as the row: a takeover in place (after an expiry, a
+    /// min_hold, a done marker) keeps it, because the waiters that set it may be asleep
+    /// until the old holder's expiry and only an announcement wakes them sooner (at worst
+    /// one announcement nobody needed). A row deleted by a release goes with its flag, and
+    /// waiters that lose the race after that wake-up set it again on the winner's new row.
+    pub(super) fn mark(&self) -> String {
+        format!(
+            "UPDATE {t} r SET wanted = true WHERE r.key = $1
+            RETURNING {left}, {done}",
+            t = self.name,
+            left = millis("r.expires_at - clock_timestamp()"),
+            done = millis("r.done_until - clock_timestamp()"),
+        )
+    }
+
+    /// `$1` key, `$2` token, `$3` channel payload. The release of a lock with nothing to
+    /// keep (no min_hold left, no done marker): deletes the row if it is ours and live,
+    /// announcing it when wanted. One row when released; none otherwise, and then
+    /// [`Table::release`] decides.
+    pub(super) fn release_plain(&self) -> String {
+        format!(
+            "DELETE FROM {t} r
+            WHERE r.key = $1 AND r.token = $2 AND r.expires_at > clock_timestamp()
+              AND r.min_hold_until <= clock_timestamp()
+              AND (r.done_until IS NULL OR r.done_until <= clock_timestamp())
+            RETURNING CASE WHEN r.wanted THEN pg_notify('{c}', $3) END IS NULL",
+            t = self.name,
+            c = self.channel,
         )
     }
 
@@ -118,7 +150,10 @@ impl Table {
     /// min_hold to honour or a done marker to keep (token cleared, expiry moved to the end of
     /// min_hold or now); not ours (only the marker is written, if asked). The marker is
     /// written in the same statement as the release, so no one can take the lock between the
-    /// two and run the job again.
+    /// two and run the job again. A release, kept for min_hold or not, is announced (kept:
+    /// waiters told the holder's whole ttl ask again and learn that it frees when min_hold
+    /// ends), but only when an acquire found the row held (`wanted`): a `NOTIFY` serializes every committing transaction of the database
+    /// that sends one, and wakes the listening connection of every runtime.
     pub(super) fn release(&self) -> String {
         format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),
@@ -127,7 +162,7 @@ impl Table {
                 WHERE r.key = $1 AND r.token = $2 AND r.expires_at > now.t
                   AND r.min_hold_until <= now.t AND $3::bigint IS NULL
                   AND (r.done_until IS NULL OR r.done_until <= now.t)
-                RETURNING 1
+                RETURNING r.wanted
             ),
             kept AS (
                 UPDATE {t} r SET
@@ -140,7 +175,7 @@ impl Table {
                 WHERE r.key = $1 AND r.token = $2 AND r.expires_at > now.t
                   AND NOT (r.min_hold_until <= now.t AND $3::bigint IS NULL
                            AND (r.done_until IS NULL OR r.done_until <= now.t))
-                RETURNING r.expires_at > now.t AS held
+                RETURNING r.expires_at > now.t AS held, r.wanted
             ),
             marked AS (
                 INSERT INTO {t} AS r
@@ -161,9 +196,12 @@ impl Table {
                     WHEN EXISTS (SELECT 1 FROM kept WHERE held) THEN 'kept'
                     WHEN EXISTS (SELECT 1 FROM kept) THEN 'released'
                     ELSE 'not_owner' END AS o,
-                    (SELECT count(*) FROM marked) AS m
+                    (SELECT count(*) FROM marked) AS m,
+                    coalesce((SELECT wanted FROM freed), (SELECT wanted FROM kept), false)
+                        AS wanted
             )
-            SELECT o, CASE WHEN o = 'released' THEN pg_notify('{c}', $4) END IS NULL
+            SELECT o, CASE WHEN o IN ('released', 'kept') AND wanted
+                           THEN pg_notify('{c}', $4) END IS NULL
             FROM outcome",
             t = self.name,
             c = self.channel,
