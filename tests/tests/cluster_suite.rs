@@ -81,3 +81,63 @@ async fn failover_of_the_slot_owner_keeps_or_reports_the_lease() {
         .expect("acquire after the failover");
     again.release().await.expect("release");
 }
+
+/// Releases are announced where the cluster's servers can hear them: SPUBLISH in the lock's
+/// slot on Redis 7.0 or newer (Valkey included), classic PUBLISH on 6.2, which has no sharded
+/// pub/sub (its Lua scripts fail on SPUBLISH, and SSUBSCRIBE is an unknown command). Counted
+/// by the servers themselves, so a 7.0 cluster quietly falling back to the broadcast fails too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_are_published_sharded_where_the_servers_have_it() {
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let guard = a
+        .lock("announced")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        b.lock("announced")
+            .acquire_timeout(Duration::from_secs(10))
+            .await
+            .map(|g| g.lease().fence())
+    });
+    // The waiter is subscribed once it asked and was refused; give it that moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(guard.release().await.expect("release"));
+    let woken = waiter
+        .await
+        .expect("the waiter task")
+        .expect("the waiter got the lock");
+    assert!(woken > 0);
+    let mut sharded = 0;
+    let mut classic = 0;
+    for node in &cluster.nodes {
+        sharded += node
+            .command_stat("calls", |c| c == "spublish")
+            .await
+            .expect("INFO commandstats");
+        classic += node
+            .command_stat("calls", |c| c == "publish")
+            .await
+            .expect("INFO commandstats");
+    }
+    let version = lock_tests::server::server_version();
+    if version >= (7, 0) {
+        assert!(
+            sharded >= 1 && classic == 0,
+            "server {version:?}: expected SPUBLISH only, counted {sharded} SPUBLISH and \
+             {classic} PUBLISH"
+        );
+    } else {
+        assert!(
+            classic >= 1 && sharded == 0,
+            "server {version:?}: expected PUBLISH only, counted {sharded} SPUBLISH and \
+             {classic} PUBLISH"
+        );
+    }
+}

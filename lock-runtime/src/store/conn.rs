@@ -59,28 +59,47 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// The subscription connection: plain SUBSCRIBE on one server; sharded SSUBSCRIBE on a
-/// Cluster, where the release channel lives in the lock's own slot. Sharded pub/sub sends a
-/// release only to the shard that owns the slot, instead of broadcasting every release over
-/// the cluster bus to every node as PUBLISH does; the cluster connection re-subscribes by
-/// itself when the slot moves.
+/// The subscription connection: plain SUBSCRIBE on one server; on a Cluster, sharded
+/// SSUBSCRIBE where every node runs Redis 7.0 or newer, where the release channel lives in the
+/// lock's own slot. Sharded pub/sub sends a release only to the shard that owns the slot,
+/// instead of broadcasting every release over the cluster bus to every node as PUBLISH does;
+/// the cluster connection re-subscribes by itself when the slot moves. A 6.2 Cluster has no
+/// sharded pub/sub: its waiters subscribe classically, on any node, and hear the broadcast.
 pub(crate) enum SubConn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster {
+        conn: ClusterConnection,
+        /// SSUBSCRIBE / SUNSUBSCRIBE rather than SUBSCRIBE / UNSUBSCRIBE.
+        sharded: bool,
+    },
 }
 
 impl SubConn {
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             SubConn::Single(c) => c.subscribe(channel).await,
-            SubConn::Cluster(c) => c.ssubscribe(channel).await,
+            SubConn::Cluster {
+                conn,
+                sharded: true,
+            } => conn.ssubscribe(channel).await,
+            SubConn::Cluster {
+                conn,
+                sharded: false,
+            } => conn.subscribe(channel).await,
         }
     }
 
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             SubConn::Single(c) => c.unsubscribe(channel).await,
-            SubConn::Cluster(c) => c.sunsubscribe(channel).await,
+            SubConn::Cluster {
+                conn,
+                sharded: true,
+            } => conn.sunsubscribe(channel).await,
+            SubConn::Cluster {
+                conn,
+                sharded: false,
+            } => conn.unsubscribe(channel).await,
         }
     }
 }

@@ -11,12 +11,13 @@ use tokio::sync::OnceCell;
 
 mod replication;
 mod subscriber;
+mod version;
 
 use subscriber::Subscriber;
 pub(crate) use subscriber::SubscriberHandle;
 
 use super::conn::{Conn, slot};
-use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec};
+use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec, is_readonly};
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
 };
@@ -70,6 +71,10 @@ pub(crate) struct RedisBackend {
     subscriber: OnceCell<Subscriber>,
     hub: Arc<ReleaseHub>,
     sentinel: Option<Arc<SentinelConn>>,
+    /// Releases are announced with SPUBLISH and waiters use SSUBSCRIBE: on a Cluster whose
+    /// nodes all run Redis 7.0 or newer. Older Clusters (6.2) and single servers use classic
+    /// PUBLISH / SUBSCRIBE.
+    sharded_pubsub: bool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -77,6 +82,7 @@ impl std::fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("url", &self.shown_url)
             .field("cluster", &self.options.cluster)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .finish_non_exhaustive()
     }
 }
@@ -216,12 +222,28 @@ impl RedisBackend {
                 .query_async::<()>(&mut conn)
                 .await
                 .map_err(Ok)?;
-            Ok::<_, Result<redis::RedisError, LockError>>(conn)
+            // A server that hides INFO (some proxies) is taken as a current one.
+            let info = redis::cmd("INFO")
+                .arg("server")
+                .query_async::<Value>(&mut conn)
+                .await
+                .unwrap_or(Value::Nil);
+            let found = version::lowest(&info);
+            if version::too_old(found) {
+                let (major, minor, patch) = found.unwrap_or_default();
+                let (min_major, min_minor) = version::MINIMUM;
+                return Err(Err(LockError::config(format!(
+                    "{what} at `{shown_url}` runs Redis {major}.{minor}.{patch}; the lock \
+                     runtime needs Redis {min_major}.{min_minor} or newer (or Valkey)"
+                ))));
+            }
+            Ok::<_, Result<redis::RedisError, LockError>>((conn, found))
         };
         let failure: LockError = match tokio::time::timeout(options.connect_timeout, connect).await
         {
-            Ok(Ok(conn)) => {
+            Ok(Ok((conn, found))) => {
                 let backend = RedisBackend {
+                    sharded_pubsub: options.cluster && version::has_sharded_pubsub(found),
                     conn,
                     options,
                     secrets,
@@ -258,6 +280,7 @@ impl RedisBackend {
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_lazy_with_config(client, lazy_config).map_err(bad_url)?;
         let backend = RedisBackend {
+            sharded_pubsub: false,
             conn: Conn::Single(conn),
             options,
             secrets,
@@ -386,7 +409,7 @@ impl RedisBackend {
                 Ok(answer) => break answer,
                 Err(e) => {
                     let moved = self.note_master_failure(Some(&url), &e);
-                    if moved && e.code() == Some("READONLY") && tries < 2 {
+                    if moved && is_readonly(&e) && tries < 2 {
                         continue;
                     }
                     // The script may have run: the caller gives the token back in the
@@ -432,7 +455,7 @@ impl RedisBackend {
             names,
             token,
             None,
-            self.options.cluster,
+            self.sharded_pubsub,
         );
         tokio::spawn(async move {
             let answered: Result<(Vec<Value>, i64), redis::RedisError> =
@@ -468,7 +491,7 @@ impl RedisBackend {
             names,
             token,
             done_retention,
-            self.options.cluster,
+            self.sharded_pubsub,
         )
         .run(&mut conn)
         .await
@@ -625,7 +648,8 @@ struct ReleaseCall {
     token: String,
     channel: String,
     done_retention_ms: u64,
-    cluster: bool,
+    /// SPUBLISH instead of PUBLISH (a Cluster of Redis 7.0 or newer).
+    sharded: bool,
 }
 
 impl ReleaseCall {
@@ -634,7 +658,7 @@ impl ReleaseCall {
         names: &KeyNames,
         token: &str,
         done_retention: Option<Duration>,
-        cluster: bool,
+        sharded: bool,
     ) -> Self {
         ReleaseCall {
             scripts,
@@ -643,7 +667,7 @@ impl ReleaseCall {
             token: token.to_owned(),
             channel: names.channel.clone(),
             done_retention_ms: done_retention.map_or(0, millis_ceil),
-            cluster,
+            sharded,
         }
     }
 
@@ -655,7 +679,7 @@ impl ReleaseCall {
             .arg(&self.token)
             .arg(&self.channel)
             .arg(self.done_retention_ms)
-            .arg(if self.cluster { "1" } else { "0" })
+            .arg(if self.sharded { "1" } else { "0" })
             .invoke_async(conn)
             .await
     }

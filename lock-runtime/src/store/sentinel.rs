@@ -145,8 +145,7 @@ impl SentinelConn {
     /// True when the error means "this is not (or no longer) a working master": the next
     /// command must ask the sentinels again.
     pub(crate) fn note_failure(&self, addr: &str, e: &RedisError) -> bool {
-        let readonly = e.code() == Some("READONLY");
-        let moved_on = readonly
+        let moved_on = is_readonly(e)
             || e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
@@ -212,5 +211,55 @@ impl ConnectionLike for SentinelHandle {
 
     fn get_db(&self) -> i64 {
         0
+    }
+}
+
+/// A write refused because the server is (now) a replica. From Redis 7.0 the reply's code is
+/// READONLY, for a script's refused write too; before (6.2) a script's refused write comes
+/// back as `ERR Error running script (...): ... -READONLY You can't write against a read only
+/// replica.`, where only the text tells. In a pipeline, any refused command counts.
+pub(crate) fn is_readonly(e: &RedisError) -> bool {
+    if e.code() == Some("READONLY") {
+        return true;
+    }
+    e.clone().into_server_errors().is_some_and(|errors| {
+        errors.iter().any(|(_, error)| {
+            error.code() == "READONLY"
+                || error
+                    .details()
+                    .is_some_and(|detail| detail.contains("-READONLY "))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_readonly;
+
+    /// The error redis-rs makes of one error reply, as the server sent it.
+    fn reply(raw: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(raw.as_bytes()).expect("a RESP error reply");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    #[test]
+    fn readonly_is_recognised_in_every_form_the_servers_send() {
+        // Redis 7.0 and newer, a command or a script's write.
+        assert!(is_readonly(&reply(
+            "-READONLY You can't write against a read only replica.\r\n"
+        )));
+        // Redis 6.2, a script's write.
+        assert!(is_readonly(&reply(
+            "-ERR Error running script (call to f_6562ecdf0b46729271ec3add9c1a854a6d499a28): \
+             @user_script:37: @user_script: 37: -READONLY You can't write against a read only \
+             replica.\r\n"
+        )));
+        assert!(!is_readonly(&reply(
+            "-ERR unknown command 'SSUBSCRIBE'\r\n"
+        )));
+        assert!(!is_readonly(&reply(
+            "-ERR Error running script (call to f_0b7f): @user_script:12: Unknown Redis command \
+             called from Lua script\r\n"
+        )));
     }
 }

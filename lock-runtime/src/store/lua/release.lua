@@ -1,7 +1,8 @@
 -- Give a lock back, only if the caller's token still owns it.
 -- KEYS[1] record hash   KEYS[2] done marker
 -- ARGV[1] token   ARGV[2] release channel   ARGV[3] done retention ms (0: write no marker)
--- ARGV[4] '1' on a Redis Cluster: publish on the sharded channel of the lock's slot
+-- ARGV[4] '1' on a Redis Cluster of 7.0 or newer: publish on the sharded channel of the lock's
+--   slot ('0': classic PUBLISH, which a 6.2 Cluster broadcasts to every node)
 -- Returns 1 released | 2 kept until min_hold passes | 0 not ours (expired or taken over)
 -- Both 1 and 2 are published: after 2, waiters ask again and learn that the lock frees when
 -- min_hold ends (they were told the holder's whole ttl).

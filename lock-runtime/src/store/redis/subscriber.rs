@@ -87,7 +87,10 @@ impl RedisBackend {
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(push_tx.clone())
                 .build()?;
-            SubConn::Cluster(client.get_async_connection().await?)
+            SubConn::Cluster {
+                conn: client.get_async_connection().await?,
+                sharded: self.sharded_pubsub,
+            }
         } else {
             let url = match &self.sentinel {
                 Some(sentinel) => sentinel.master_url().await?,

@@ -1,0 +1,119 @@
+//! The server's version, read once when a store connects: what decides whether a Cluster's
+//! waiters can use sharded pub/sub, and what refuses a server too old to serve the runtime.
+
+use redis::Value;
+
+/// The oldest Redis the stores accept. The runtime needs RESP3 pushes (6.0) for its
+/// subscriber; 6.2 is the oldest release it is tested on (the server matrix of the test
+/// suite), so anything older is refused at `build()` rather than failing in some later call.
+pub(crate) const MINIMUM: (u32, u32) = (6, 2);
+
+/// Sharded pub/sub (SPUBLISH / SSUBSCRIBE) came with Redis 7.0.
+const SHARDED_PUBSUB: (u32, u32) = (7, 0);
+
+/// A server version as `major.minor.patch`.
+pub(crate) type Version = (u32, u32, u32);
+
+/// The lowest `redis_version` in an `INFO server` reply. A Cluster answers once per node (a
+/// map of node to text), and during a rolling upgrade the nodes differ: the oldest decides
+/// what every node can be asked. Valkey reports the Redis version it is compatible with
+/// there too (7.2.4 for Valkey 7 and 8). `None` when no version can be read.
+pub(crate) fn lowest(reply: &Value) -> Option<Version> {
+    let mut texts = Vec::new();
+    collect_texts(reply, &mut texts);
+    texts.iter().filter_map(|text| parse(text)).min()
+}
+
+/// Whether a Cluster whose oldest node is `version` has sharded pub/sub; an unknown version
+/// is taken as a current server.
+pub(crate) fn has_sharded_pubsub(version: Option<Version>) -> bool {
+    version.is_none_or(|(major, minor, _)| (major, minor) >= SHARDED_PUBSUB)
+}
+
+/// Whether `version` is too old for the runtime.
+pub(crate) fn too_old(version: Option<Version>) -> bool {
+    version.is_some_and(|(major, minor, _)| (major, minor) < MINIMUM)
+}
+
+fn collect_texts(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => out.push(text.clone()),
+        Value::VerbatimString { text, .. } => out.push(text.clone()),
+        Value::Array(items) | Value::Set(items) => {
+            for item in items {
+                collect_texts(item, out);
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, item) in pairs {
+                collect_texts(item, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn parse(info: &str) -> Option<Version> {
+    let line = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))?;
+    let mut parts = line.split('.').map(|p| p.trim().parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn reads_the_version_of_one_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(lowest(&bulk(info)), Some((7, 0, 15)));
+    }
+
+    #[test]
+    fn valkey_reports_its_compatible_redis_version() {
+        let info =
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.1.8\r\n";
+        assert_eq!(lowest(&bulk(info)), Some((7, 2, 4)));
+    }
+
+    #[test]
+    fn a_cluster_answers_with_its_oldest_node() {
+        let reply = Value::Map(vec![
+            (bulk("127.0.0.1:7000"), bulk("redis_version:7.0.15\r\n")),
+            (bulk("127.0.0.1:7001"), bulk("redis_version:6.2.14\r\n")),
+            (bulk("127.0.0.1:7002"), bulk("redis_version:7.2.4\r\n")),
+        ]);
+        let version = lowest(&reply);
+        assert_eq!(version, Some((6, 2, 14)));
+        assert!(!has_sharded_pubsub(version));
+        assert!(!too_old(version));
+    }
+
+    #[test]
+    fn gates_follow_the_versions() {
+        assert!(has_sharded_pubsub(Some((7, 0, 0))));
+        assert!(has_sharded_pubsub(None));
+        assert!(!has_sharded_pubsub(Some((6, 2, 14))));
+        assert!(too_old(Some((6, 0, 20))));
+        assert!(too_old(Some((5, 0, 7))));
+        assert!(!too_old(Some((6, 2, 0))));
+        assert!(!too_old(None));
+    }
+
+    #[test]
+    fn no_version_in_the_reply_is_unknown() {
+        assert_eq!(lowest(&bulk("# Server\r\nuptime_in_seconds:3\r\n")), None);
+        assert_eq!(lowest(&Value::Nil), None);
+        assert_eq!(lowest(&bulk("redis_version:x.y\r\n")), None);
+    }
+}
