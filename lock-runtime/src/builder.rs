@@ -127,7 +127,9 @@ impl LockRuntimeBuilder {
     /// one hash slot (`<ns>:{<key>}`), so every script runs on the one shard that owns it;
     /// MOVED/ASK redirections and topology changes are followed by the cluster connection, and
     /// waiters use sharded pub/sub (SSUBSCRIBE), so a release reaches only the shard's
-    /// subscribers. Needs Redis 7 or later.
+    /// subscribers. On a Cluster of Redis 6.2 (no sharded pub/sub) they subscribe classically
+    /// and releases are broadcast. With `rediss://` seeds every node is reached over TLS
+    /// (cargo feature `tls`; see [`tls_root_cert_pem`](Self::tls_root_cert_pem)).
     pub fn redis_cluster<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -141,7 +143,8 @@ impl LockRuntimeBuilder {
     /// Lock in a Sentinel-managed master: `urls` are the sentinels (`redis://host:26379`);
     /// their credentials are used for the master too. The master's address is asked of the
     /// sentinels at startup and again whenever the master stops answering or refuses writes
-    /// (a failover demoted it), so the runtime follows failovers by itself.
+    /// (a failover demoted it), so the runtime follows failovers by itself. With `rediss://`
+    /// sentinel URLs (cargo feature `tls`), the masters they name are reached over TLS too.
     ///
     /// Replication is asynchronous: a lock the old master granted but had not yet passed on
     /// is gone after a failover. [`replicated_acquire`](Self::replicated_acquire) closes
@@ -273,8 +276,9 @@ impl LockRuntimeBuilder {
         self
     }
 
-    /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis) or
-    /// [`redlock`](Self::redlock), or with [`postgres`](Self::postgres) and
+    /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis),
+    /// [`redis_cluster`](Self::redis_cluster), [`redis_sentinel`](Self::redis_sentinel) (the
+    /// sentinels and the masters they name) or [`redlock`](Self::redlock), or with [`postgres`](Self::postgres) and
     /// [`postgres_config`](Self::postgres_config) (where it also asks for TLS, as
     /// `sslmode=require` does): trust this PEM root certificate (e.g. a private CA's) instead
     /// of the system's roots.
@@ -424,7 +428,7 @@ impl LockRuntimeBuilder {
                         cluster: false,
                         sentinel_master: Some(master_name),
                         replicated,
-                        tls_root_cert: None,
+                        tls_root_cert: self.tls_root_cert,
                         connect_timeout,
                         command_timeout,
                     })
@@ -443,7 +447,7 @@ impl LockRuntimeBuilder {
                         cluster: true,
                         sentinel_master: None,
                         replicated: None,
-                        tls_root_cert: None,
+                        tls_root_cert: self.tls_root_cert,
                         connect_timeout,
                         command_timeout,
                     })

@@ -1,7 +1,7 @@
 //! Real `redis-server` processes on free loopback ports, killed when dropped.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ pub struct RedisServer {
     extra_args: Vec<String>,
     /// Set for a sentinel: its configuration file's contents.
     sentinel_conf: Option<String>,
+    /// Set for a TLS-only server: the directory of its `server.crt`, `server.key` and the
+    /// `ca.crt` that signed them (see `certs::server_cert`).
+    tls: Option<PathBuf>,
 }
 
 /// Panics with an install hint when `redis-server` is missing: a missing server is a failure,
@@ -126,6 +129,12 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_tls_with(None, extra)
+    }
+
+    /// With `tls`, a TLS-only server (no plain port) whose replication and cluster bus use
+    /// TLS too, with the certificates in that directory; else a plain one.
+    pub fn start_tls_with(tls: Option<&Path>, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("creating a temp dir for redis-server");
         let mut server = RedisServer {
             child: None,
@@ -133,6 +142,7 @@ impl RedisServer {
             dir,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             sentinel_conf: None,
+            tls: tls.map(Path::to_path_buf),
         };
         server.start_on_a_free_port();
         server
@@ -140,12 +150,18 @@ impl RedisServer {
 
     /// Starts a sentinel monitoring the master on `master_port` as `master_name` (quorum 2).
     pub fn start_sentinel(master_name: &str, master_port: u16) -> Self {
+        Self::start_sentinel_tls(None, master_name, master_port)
+    }
+
+    /// A sentinel as `start_sentinel`, TLS-only with `tls` (and talking TLS to the servers).
+    pub fn start_sentinel_tls(tls: Option<&Path>, master_name: &str, master_port: u16) -> Self {
         let dir = tempfile::tempdir().expect("creating a temp dir for redis-sentinel");
         let mut server = RedisServer {
             child: None,
             port: 0,
             dir,
             extra_args: Vec::new(),
+            tls: tls.map(Path::to_path_buf),
             sentinel_conf: Some(format!(
                 "sentinel monitor {master_name} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {master_name} 1000\n\
@@ -185,7 +201,13 @@ impl RedisServer {
                 return;
             }
         }
-        panic!("redis-server did not start; log:\n{}", server.log());
+        let hint = if server.tls.is_some() {
+            " (a TLS-only server: was the binary built with TLS? Debian's redis-server is; the \
+             server matrix's 6.2 and Valkey builds are not)"
+        } else {
+            ""
+        };
+        panic!("redis-server did not start{hint}; log:\n{}", server.log());
     }
 
     fn spawn(&mut self) -> bool {
@@ -197,10 +219,27 @@ impl RedisServer {
             std::fs::write(&path, conf).expect("writing sentinel.conf");
             command.arg(path).arg("--sentinel");
         }
-        command
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"]);
+        let port = self.port.to_string();
+        match &self.tls {
+            None => {
+                command.args(["--port", &port]);
+            }
+            Some(certs) => {
+                command
+                    .args(["--port", "0", "--tls-port", &port])
+                    .arg("--tls-cert-file")
+                    .arg(certs.join("server.crt"))
+                    .arg("--tls-key-file")
+                    .arg(certs.join("server.key"))
+                    .arg("--tls-ca-cert-file")
+                    .arg(certs.join("ca.crt"))
+                    .args(["--tls-auth-clients", "no", "--tls-replication", "yes"]);
+                if self.extra_args.iter().any(|a| a == "--cluster-enabled") {
+                    command.args(["--tls-cluster", "yes"]);
+                }
+            }
+        }
+        command.args(["--bind", "127.0.0.1"]);
         if self.sentinel_conf.is_none() {
             command.args(["--save", "", "--appendonly", "no"]);
         }
@@ -244,9 +283,20 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS-only server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The CA certificate (PEM) a TLS-only server's certificate chains to.
+    pub fn tls_ca(&self) -> Option<Vec<u8>> {
+        let certs = self.tls.as_ref()?;
+        Some(std::fs::read(certs.join("ca.crt")).expect("reading ca.crt"))
     }
 
     /// The process id, for tests that signal the server.
@@ -254,9 +304,20 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A plain redis-rs client for checks and fault injection.
+    /// A plain redis-rs client for checks and fault injection (over TLS, trusting the test
+    /// CA, for a TLS-only server).
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("a loopback URL parses")
+        match self.tls_ca() {
+            None => redis::Client::open(self.url()).expect("a loopback URL parses"),
+            Some(ca) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca),
+                },
+            )
+            .expect("a loopback URL and the test CA"),
+        }
     }
 
     /// Sums one field (`calls` or `usec`) of `INFO commandstats` over the commands `pick`
@@ -353,17 +414,29 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts `masters` masters and one replica for each, and waits until the cluster is ok.
     pub fn start(masters: usize) -> Self {
+        Self::start_tls(None, masters)
+    }
+
+    /// As `start`, every node TLS-only (clients, replication and the cluster bus) with `tls`.
+    pub fn start_tls(tls: Option<&Path>, masters: usize) -> Self {
         let mut nodes = Vec::new();
         for _ in 0..masters * 2 {
             let args = cluster_node_args();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            nodes.push(RedisServer::start_with(&args));
+            nodes.push(RedisServer::start_tls_with(tls, &args));
         }
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let output = Command::new(redis_cli_binary())
+        let mut create = Command::new(redis_cli_binary());
+        if let Some(certs) = tls {
+            create
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(certs.join("ca.crt"));
+        }
+        let output = create
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
@@ -479,7 +552,15 @@ impl RedisCluster {
 
     /// A redis-rs cluster client, for checks and fault injection.
     pub fn client(&self) -> redis::cluster::ClusterClient {
-        redis::cluster::ClusterClient::new(self.urls()).expect("cluster URLs parse")
+        let builder = redis::cluster::ClusterClientBuilder::new(self.urls());
+        let builder = match self.nodes.first().and_then(RedisServer::tls_ca) {
+            Some(ca) => builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca),
+            }),
+            None => builder,
+        };
+        builder.build().expect("cluster URLs parse")
     }
 }
 
@@ -497,12 +578,18 @@ pub struct SentinelSet {
 impl SentinelSet {
     /// Starts the set and waits until the sentinels see the master and its replica.
     pub fn start() -> Self {
-        let master = RedisServer::start();
+        Self::start_tls(None)
+    }
+
+    /// As `start`, every server and sentinel TLS-only with `tls` (replication and the
+    /// sentinels' links to the servers too).
+    pub fn start_tls(tls: Option<&Path>) -> Self {
+        let master = RedisServer::start_tls_with(tls, &[]);
         let port = master.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let replica = RedisServer::start_tls_with(tls, &["--replicaof", "127.0.0.1", &port]);
         let master_name = "lockmaster".to_owned();
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_sentinel(&master_name, master.port()))
+            .map(|_| RedisServer::start_sentinel_tls(tls, &master_name, master.port()))
             .collect();
         let set = SentinelSet {
             master_name,

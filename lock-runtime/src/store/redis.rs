@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::{Client, IntoConnectionInfo, Script, Value};
+use redis::{IntoConnectionInfo, Script, Value};
 use tokio::sync::OnceCell;
 
 mod replication;
@@ -16,7 +15,7 @@ mod version;
 use subscriber::Subscriber;
 pub(crate) use subscriber::SubscriberHandle;
 
-use super::conn::{Conn, slot};
+use super::conn::{Conn, cluster_builder, open_client, slot};
 use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec, is_readonly};
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
@@ -109,24 +108,6 @@ impl Scripts {
     }
 }
 
-/// A client for one server, trusting `root_cert` (PEM) for TLS when given.
-fn open_client<C: IntoConnectionInfo>(
-    info: C,
-    root_cert: Option<&[u8]>,
-) -> redis::RedisResult<Client> {
-    match root_cert {
-        #[cfg(feature = "tls")]
-        Some(pem) => Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.to_vec()),
-            },
-        ),
-        _ => Client::open(info),
-    }
-}
-
 fn secrets_of(urls: &[String]) -> Vec<String> {
     let mut secrets = Vec::new();
     for url in urls {
@@ -186,6 +167,7 @@ impl RedisBackend {
                 sentinels: options.urls.clone(),
                 connect_timeout: options.connect_timeout,
                 command_timeout: options.command_timeout,
+                tls_root_cert: options.tls_root_cert.clone(),
             })
         });
         let connect = async {
@@ -197,9 +179,7 @@ impl RedisBackend {
                 }
                 Conn::Sentinel(SentinelHandle(sentinel.clone()))
             } else if options.cluster {
-                let client = ClusterClientBuilder::new(options.urls.iter().map(String::as_str))
-                    .connection_timeout(options.connect_timeout)
-                    .response_timeout(options.command_timeout)
+                let client = cluster_builder(&options)
                     .build()
                     .map_err(|e| Err(bad_url(e)))?;
                 Conn::Cluster(client.get_async_connection().await.map_err(Ok)?)

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+
+use super::conn::open_client;
 
 /// Where the sentinels are and how to reach the master they name.
 #[derive(Debug, Clone)]
@@ -16,6 +18,8 @@ pub(crate) struct SentinelSpec {
     pub(crate) sentinels: Vec<String>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    /// A PEM root certificate to trust for `rediss://` sentinels and masters.
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
 }
 
 /// The command connection to whichever server the sentinels currently name as master.
@@ -75,7 +79,7 @@ impl SentinelConn {
 
     async fn ask(&self, sentinel: &str) -> Result<String, RedisError> {
         let info = sentinel.into_connection_info()?;
-        let client = Client::open(info.clone())?;
+        let client = open_client(info.clone(), self.spec.tls_root_cert.as_deref())?;
         let ask = async {
             let mut conn = client.get_multiplexed_async_connection().await?;
             let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
@@ -107,7 +111,14 @@ impl SentinelConn {
         } else {
             host
         };
-        Ok(format!("redis://{auth}{host}:{port}"))
+        // Sentinels reached over TLS name masters reached over TLS (a deployment that secures
+        // one secures both), verified the same way.
+        let (scheme, fragment) = match info.addr() {
+            ConnectionAddr::TcpTls { insecure: true, .. } => ("rediss", "#insecure"),
+            ConnectionAddr::TcpTls { .. } => ("rediss", ""),
+            _ => ("redis", ""),
+        };
+        Ok(format!("{scheme}://{auth}{host}:{port}{fragment}"))
     }
 
     /// The connection to the current master, resolving it if needed.
@@ -126,7 +137,10 @@ impl SentinelConn {
             .set_number_of_retries(1);
         let manager = tokio::time::timeout(
             self.spec.connect_timeout,
-            ConnectionManager::new_with_config(Client::open(url.as_str())?, config),
+            ConnectionManager::new_with_config(
+                open_client(url.as_str(), self.spec.tls_root_cert.as_deref())?,
+                config,
+            ),
         )
         .await
         .map_err(|_| {

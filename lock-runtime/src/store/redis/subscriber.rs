@@ -5,15 +5,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
 use redis::{IntoConnectionInfo, ProtocolVersion, PushKind};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::ReleaseHub;
-use super::super::conn::SubConn;
+use super::super::conn::{SubConn, cluster_builder, open_client};
 use super::super::sentinel::SentinelConn;
 use super::super::{KeyNames, ReleaseWatch};
-use super::{RedisBackend, RedisOptions, open_client, value_text};
+use super::{RedisBackend, RedisOptions, value_text};
 use crate::{BackendError, LockError};
 
 /// The shared subscription connection of one runtime (RESP3, pushes fed to the hub), owned by
@@ -81,9 +80,7 @@ impl RedisBackend {
     async fn start_subscriber(&self) -> Result<Subscriber, redis::RedisError> {
         let (push_tx, mut push_rx) = mpsc::unbounded_channel();
         let mut conn = if self.options.cluster {
-            let client = ClusterClientBuilder::new(self.options.urls.iter().map(String::as_str))
-                .connection_timeout(self.options.connect_timeout)
-                .response_timeout(self.options.command_timeout)
+            let client = cluster_builder(&self.options)
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(push_tx.clone())
                 .build()?;
