@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::KeyNames;
+use crate::store::{KeyNames, QuorumView, RecordView};
 
 /// A held lease, cheap to clone and share with the code doing the locked work.
 ///
@@ -257,7 +257,8 @@ impl Lease {
     }
 }
 
-/// A lock record as seen by [`LockRuntime::inspect`](crate::LockRuntime::inspect).
+/// A lock record as seen by [`LockRuntime::inspect`](crate::LockRuntime::inspect) and
+/// [`LockRuntime::list`](crate::LockRuntime::list).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
@@ -271,6 +272,21 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// How long the current holder has held it, by the store's clock.
     pub held_for: Duration,
+    /// Redlock only: how many masters hold this record, hold another one, or did not answer.
+    pub quorum: Option<QuorumView>,
+}
+
+impl LockInfo {
+    pub(crate) fn from_record(key: String, record: RecordView) -> Self {
+        LockInfo {
+            key,
+            owner: record.owner,
+            fence: record.fence,
+            remaining: record.remaining,
+            held_for: record.held_for,
+            quorum: record.quorum,
+        }
+    }
 }
 
 #[cfg(test)]

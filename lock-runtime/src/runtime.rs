@@ -240,13 +240,50 @@ impl LockRuntime {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_name("lock key", key)?;
         let names = KeyNames::new(&self.inner.namespace, key);
-        Ok(self.inner.backend.inspect(&names).await?.map(|r| LockInfo {
-            key: key.to_owned(),
-            owner: r.owner,
-            fence: r.fence,
-            remaining: r.remaining,
-            held_for: r.held_for,
-        }))
+        Ok(self
+            .inner
+            .backend
+            .inspect(&names)
+            .await?
+            .map(|r| LockInfo::from_record(key.to_owned(), r)))
+    }
+
+    /// Every held lock of this runtime's namespace whose key matches `pattern` (`*` stands
+    /// for any run of characters, `?` for one; `"*"` lists all), sorted by key: for operators
+    /// and dashboards (`lockctl` is built on it). It walks the store (on Redis a `SCAN` of
+    /// every master, never `KEYS`), so it is no hot-path call. On Redlock, a key held on fewer
+    /// masters than a quorum is listed too, and [`LockInfo::quorum`] says how the masters see
+    /// each lock.
+    pub async fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        check_name("key pattern", pattern)?;
+        let listed = self
+            .inner
+            .backend
+            .list(&self.inner.namespace, pattern)
+            .await?;
+        Ok(listed
+            .into_iter()
+            .map(|(key, record)| LockInfo::from_record(key, record))
+            .collect())
+    }
+
+    /// Frees lock `key` whatever holds it, and wakes its waiters; `true` when there was a
+    /// record to remove. For an operator who knows the holder is gone (a host that crashed,
+    /// whose lease would otherwise run out its whole ttl). A holder that is in fact still
+    /// alive learns it at its next renewal (its lease is then lost), but until then it may
+    /// work alongside the next holder: only fencing keeps the two apart. The `once` marker
+    /// stays, and fences keep increasing.
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        check_name("lock key", key)?;
+        let names = KeyNames::new(&self.inner.namespace, key);
+        let removed = self.inner.backend.force_release(&names).await?;
+        if removed {
+            tracing::warn!(
+                key,
+                "lock released by force: its holder, if alive, loses it"
+            );
+        }
+        Ok(removed)
     }
 
     /// Shuts the runtime down gracefully:

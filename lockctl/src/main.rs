@@ -1,26 +1,49 @@
-//! `lockctl`: see what is locked and by whom, and force a lock free.
+//! `lockctl`: see what is locked and by whom, watch it, and force a lock free, on every store
+//! the runtime supports. It goes through the runtime's own API (`LockRuntime::list`,
+//! `inspect`, `force_release`), so it reads each store exactly as the runtime writes it.
 //!
-//!     lockctl --url redis://127.0.0.1:6379 list [--match 'interest:*'] [--json]
-//!     lockctl --url redis://127.0.0.1:6379 show interest-posting
-//!     lockctl --url redis://127.0.0.1:6379 release interest-posting --force
-//!     lockctl --cluster --url redis://10.0.0.1:7000 --url redis://10.0.0.2:7000 list
+//!     lockctl --redis redis://127.0.0.1:6379 list [--match 'interest:*'] [--json]
+//!     lockctl --cluster redis://10.0.0.1:7000 --cluster redis://10.0.0.2:7000 show interest-posting
+//!     lockctl --sentinel mymaster=redis://10.0.0.1:26379,redis://10.0.0.2:26379 watch
+//!     lockctl --redlock redis://a:6379,redis://b:6379,redis://c:6379 list
+//!     lockctl --postgres postgres://app@db/app release interest-posting --force
+//!     REDIS_URL=redis://127.0.0.1:6379 lockctl list
 
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use lock_runtime::{LockRuntime, LockRuntimeBuilder};
 
 mod ops;
 
-/// Inspect and force-release lock-runtime locks in Redis.
+/// Inspect, watch and force-release lock-runtime locks in any of its stores.
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 struct Cli {
-    /// Redis URL, as given to the runtime (repeat for several Cluster seed nodes).
-    #[arg(long = "url", global = true)]
-    urls: Vec<String>,
-    /// The URLs are Redis Cluster seed nodes.
-    #[arg(long, global = true)]
-    cluster: bool,
+    /// One Redis server (`redis://` or `rediss://`). Without any store option, REDIS_URL.
+    #[arg(long, global = true, value_name = "URL")]
+    redis: Option<String>,
+    /// A Redis Cluster: seed nodes (repeat the option, or separate with commas).
+    #[arg(long, global = true, value_name = "URL", value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// A Sentinel-managed master: its name, `=`, then the sentinels, separated with commas.
+    #[arg(long, global = true, value_name = "NAME=URL,...")]
+    sentinel: Option<String>,
+    /// Redlock masters (repeat the option, or separate with commas); shows how many masters
+    /// hold each lock and where they disagree.
+    #[arg(long, global = true, value_name = "URL", value_delimiter = ',')]
+    redlock: Vec<String>,
+    /// A PostgreSQL database (`postgres://user:password@host/db`).
+    #[arg(long, global = true, value_name = "URL")]
+    postgres: Option<String>,
+    /// With --postgres: the runtime's table, if not the default.
+    #[arg(long, global = true, value_name = "NAME")]
+    table: Option<String>,
+    /// A PEM root certificate to trust for TLS (rediss://, PostgreSQL) instead of the system's.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
     /// The runtime's namespace (key prefix).
     #[arg(long, default_value = "lock", global = true)]
     namespace: String,
@@ -33,9 +56,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Action {
-    /// List held locks (SCAN, never KEYS): key, owner, fence, age, remaining ttl.
+    /// List held locks: key, owner, fence, age, remaining ttl (Redlock: masters holding it).
     List {
-        /// Only keys matching this glob (Redis MATCH syntax), e.g. 'interest:*'.
+        /// Only keys matching this pattern: `*` any run of characters, `?` one character.
         #[arg(long = "match", default_value = "*")]
         pattern: String,
     },
@@ -44,7 +67,8 @@ enum Action {
         /// The lock key, as the application names it (without namespace).
         key: String,
     },
-    /// Delete a lock record and wake its waiters. The holder is told at its next renewal.
+    /// Free a lock whatever holds it and wake its waiters. The holder is told at its next
+    /// renewal.
     Release {
         /// The lock key.
         key: String,
@@ -53,72 +77,110 @@ enum Action {
         #[arg(long)]
         force: bool,
     },
+    /// The list, refreshed every second until Ctrl-C.
+    Watch {
+        /// Only keys matching this pattern: `*` any run of characters, `?` one character.
+        #[arg(long = "match", default_value = "*")]
+        pattern: String,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many refreshes (default: until Ctrl-C).
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    let runtime = match connect(&cli).await {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockctl: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = match ops::run(&runtime, cli.command, cli.json).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("lockctl: {e:#}");
             ExitCode::from(2)
         }
-    }
+    };
+    // lockctl holds no lock; this only closes the store's connections.
+    runtime.shutdown().await;
+    code
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if cli.namespace.is_empty() || cli.namespace.contains(['{', '}', '*', '?', '[']) {
-        anyhow::bail!("invalid --namespace `{}`", cli.namespace);
+/// The runtime over the one store the options name.
+async fn connect(cli: &Cli) -> anyhow::Result<LockRuntime> {
+    let builder = LockRuntime::builder()
+        .namespace(cli.namespace.as_str())
+        .owner("lockctl")
+        .connect_timeout(Duration::from_secs(5));
+    let builder = store(cli, builder)?;
+    let builder = match &cli.tls_ca {
+        Some(path) => builder.tls_root_cert_pem(
+            std::fs::read(path).with_context(|| format!("reading --tls-ca {}", path.display()))?,
+        ),
+        None => builder,
+    };
+    Ok(builder.build().await?)
+}
+
+/// Applies the one store option given (or REDIS_URL); more than one, or none, is an error.
+fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBuilder> {
+    let given: Vec<&str> = [
+        ("--redis", cli.redis.is_some()),
+        ("--cluster", !cli.cluster.is_empty()),
+        ("--sentinel", cli.sentinel.is_some()),
+        ("--redlock", !cli.redlock.is_empty()),
+        ("--postgres", cli.postgres.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(option, set)| set.then_some(option))
+    .collect();
+    if given.len() > 1 {
+        anyhow::bail!("name one store, not {}", given.join(" and "));
     }
-    let store = ops::Store::connect(&cli.urls, cli.cluster).await?;
-    match cli.command {
-        Action::List { pattern } => {
-            let locks = store.list(&cli.namespace, &pattern).await?;
-            if cli.json {
-                println!("{}", serde_json::to_string_pretty(&ops::to_json(&locks))?);
-            } else {
-                print!("{}", ops::table(&locks));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Action::Show { key } => match store.show(&cli.namespace, &key).await? {
-            Some(lock) => {
-                if cli.json {
-                    println!("{}", serde_json::to_string_pretty(&ops::to_json(&[lock]))?);
-                } else {
-                    print!("{}", ops::table(&[lock]));
-                }
-                Ok(ExitCode::SUCCESS)
-            }
-            None => {
-                if cli.json {
-                    println!("null");
-                } else {
-                    println!("`{key}` is not locked");
-                }
-                Ok(ExitCode::from(1))
-            }
-        },
-        Action::Release { key, force } => {
-            if !force {
-                anyhow::bail!(
-                    "refusing to release `{key}` without --force: the holder may still be working, and a second holder would run alongside it"
-                );
-            }
-            let deleted = store.force_release(&cli.namespace, &key).await?;
-            if cli.json {
-                println!("{}", serde_json::json!({ "key": key, "released": deleted }));
-            } else if deleted {
-                println!("released `{key}`; waiters were woken");
-            } else {
-                println!("`{key}` was not locked");
-            }
-            Ok(if deleted {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
+    if cli.table.is_some() && cli.postgres.is_none() {
+        anyhow::bail!("--table goes with --postgres");
+    }
+    if let Some(url) = &cli.redis {
+        return Ok(builder.redis(url.as_str()));
+    }
+    if !cli.cluster.is_empty() {
+        return Ok(builder.redis_cluster(cli.cluster.clone()));
+    }
+    if let Some(spec) = &cli.sentinel {
+        let Some((name, urls)) = spec.split_once('=') else {
+            anyhow::bail!(
+                "--sentinel takes NAME=URL,URL,...: the master's name, then the sentinels"
+            );
+        };
+        let urls: Vec<String> = urls
+            .split(',')
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        return Ok(builder.redis_sentinel(name, urls));
+    }
+    if !cli.redlock.is_empty() {
+        return Ok(builder.redlock(cli.redlock.clone()));
+    }
+    if let Some(url) = &cli.postgres {
+        let builder = builder.postgres(url.as_str());
+        return Ok(match &cli.table {
+            Some(table) => builder.postgres_table(table.as_str()),
+            None => builder,
+        });
+    }
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => Ok(builder.redis(url)),
+        _ => anyhow::bail!(
+            "name a store: --redis URL, --cluster URL, --sentinel NAME=URL,..., --redlock URL or \
+             --postgres URL (or set REDIS_URL)"
+        ),
     }
 }

@@ -1,228 +1,177 @@
-//! Reading and deleting lock records: the record format of lock-runtime (`<ns>:{<key>}`, a
-//! hash with token, owner, fence, acquired_at_ms), on one server or every master of a Cluster.
+//! The commands, and how their answers are shown: a table for people, JSON for scripts.
 
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use lock_runtime::store::QuorumView;
+use lock_runtime::{LockInfo, LockRuntime};
 
-/// One held lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LockRow {
-    pub(crate) key: String,
-    pub(crate) owner: String,
-    pub(crate) fence: u64,
-    pub(crate) age: Option<Duration>,
-    pub(crate) ttl: Option<Duration>,
-}
+use crate::Action;
 
-/// The servers to read: one, or every master of a Cluster.
-pub(crate) struct Store {
-    masters: Vec<MultiplexedConnection>,
-    cluster: Option<redis::cluster_async::ClusterConnection>,
-}
-
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-async fn connect_one(url: &str) -> anyhow::Result<MultiplexedConnection> {
-    let client = redis::Client::open(url).map_err(|e| anyhow::anyhow!("bad Redis URL: {e}"))?;
-    tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
-        .await
-        .context("no answer from Redis within 5 s")?
-        .context("cannot connect to Redis")
-}
-
-impl Store {
-    pub(crate) async fn connect(urls: &[String], cluster: bool) -> anyhow::Result<Self> {
-        let Some(first) = urls.first() else {
-            bail!("give at least one --url");
-        };
-        if !cluster {
-            if urls.len() > 1 {
-                bail!("several --url given without --cluster");
-            }
-            return Ok(Store {
-                masters: vec![connect_one(first).await?],
-                cluster: None,
-            });
+/// Runs one command; exit codes: 0 done, 1 not locked, 2 error (from the caller).
+pub(crate) async fn run(
+    runtime: &LockRuntime,
+    action: Action,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    match action {
+        Action::List { pattern } => {
+            let locks = runtime.list(&pattern).await?;
+            print!("{}", render(&locks, json));
+            Ok(ExitCode::SUCCESS)
         }
-        // SCAN walks one server's keys: connect to every master the cluster reports.
-        let mut seed = connect_one(first).await?;
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query_async(&mut seed)
-            .await
-            .context("CLUSTER NODES")?;
-        let info = redis::IntoConnectionInfo::into_connection_info(first.as_str())?;
-        let mut masters = Vec::new();
-        for line in nodes.lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
-                continue;
-            };
-            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-                continue;
-            }
-            let host_port = addr.split('@').next().unwrap_or_default();
-            let Some((host, port)) = host_port.rsplit_once(':') else {
-                continue;
-            };
-            let port: u16 = port.parse().context("a port in CLUSTER NODES")?;
-            let node = info
-                .clone()
-                .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
-            let client = redis::Client::open(node)?;
-            masters.push(
-                tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
-                    .await
-                    .context("a cluster master did not answer")??,
-            );
-        }
-        let cluster_client = redis::cluster::ClusterClient::new(urls.to_vec())?;
-        let cluster_conn = cluster_client.get_async_connection().await?;
-        Ok(Store {
-            masters,
-            cluster: Some(cluster_conn),
-        })
-    }
-
-    /// Every lock record whose key matches `pattern`.
-    pub(crate) async fn list(
-        &self,
-        namespace: &str,
-        pattern: &str,
-    ) -> anyhow::Result<Vec<LockRow>> {
-        let scan_match = format!("{namespace}:{{{pattern}}}");
-        let mut rows = Vec::new();
-        for master in &self.masters {
-            let mut conn = master.clone();
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&scan_match)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .arg("TYPE")
-                    .arg("hash")
-                    .query_async(&mut conn)
-                    .await
-                    .context("SCAN")?;
-                for record in keys {
-                    let Some(key) = user_key(namespace, &record) else {
-                        continue;
-                    };
-                    if let Some(row) = read(&mut conn, &record, key).await? {
-                        rows.push(row);
-                    }
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        rows.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(rows)
-    }
-
-    pub(crate) async fn show(&self, namespace: &str, key: &str) -> anyhow::Result<Option<LockRow>> {
-        let record = format!("{namespace}:{{{key}}}");
-        match &self.cluster {
-            Some(cluster) => read(&mut cluster.clone(), &record, key.to_owned()).await,
-            None => read(&mut self.masters[0].clone(), &record, key.to_owned()).await,
-        }
-    }
-
-    /// Deletes the record and publishes the release, as the runtime's own release does.
-    pub(crate) async fn force_release(&self, namespace: &str, key: &str) -> anyhow::Result<bool> {
-        let record = format!("{namespace}:{{{key}}}");
-        let channel = format!("{record}:released");
-        let deleted: i64 = match &self.cluster {
-            Some(cluster) => {
-                let mut conn = cluster.clone();
-                let deleted = conn.del(&record).await?;
-                // Sharded pub/sub, as the runtime's waiters on a Cluster listen.
-                let _: i64 = redis::cmd("SPUBLISH")
-                    .arg(&channel)
-                    .arg("lockctl")
-                    .query_async(&mut conn)
-                    .await?;
-                deleted
+        Action::Show { key } => match runtime.inspect(&key).await? {
+            Some(lock) => {
+                print!("{}", render(&[lock], json));
+                Ok(ExitCode::SUCCESS)
             }
             None => {
-                let mut conn = self.masters[0].clone();
-                let deleted = conn.del(&record).await?;
-                let _: i64 = conn.publish(&channel, "lockctl").await?;
-                deleted
+                if json {
+                    println!("null");
+                } else {
+                    println!("`{key}` is not locked");
+                }
+                Ok(ExitCode::from(1))
             }
-        };
-        Ok(deleted > 0)
+        },
+        Action::Release { key, force } => {
+            if !force {
+                anyhow::bail!(
+                    "refusing to release `{key}` without --force: the holder may still be \
+                     working, and a second holder would run alongside it"
+                );
+            }
+            let released = runtime.force_release(&key).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "key": key, "released": released })
+                );
+            } else if released {
+                println!("released `{key}`; waiters were woken");
+            } else {
+                println!("`{key}` was not locked");
+            }
+            Ok(if released {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Action::Watch {
+            pattern,
+            interval,
+            count,
+        } => {
+            let interval = Duration::try_from_secs_f64(interval)
+                .ok()
+                .filter(|d| *d >= Duration::from_millis(100))
+                .ok_or_else(|| anyhow::anyhow!("--interval must be at least 0.1 seconds"))?;
+            watch(runtime, &pattern, interval, count, json).await?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-/// The application's key inside `<ns>:{<key>}`.
-fn user_key(namespace: &str, record: &str) -> Option<String> {
-    record
-        .strip_prefix(namespace)?
-        .strip_prefix(":{")?
-        .strip_suffix('}')
-        .map(str::to_owned)
+/// Prints the list every `interval` until Ctrl-C (or `count` refreshes): on a terminal the
+/// screen is redrawn; otherwise (and with --json, one array per line) each refresh follows the
+/// last, so the output can be piped.
+async fn watch(
+    runtime: &LockRuntime,
+    pattern: &str,
+    interval: Duration,
+    count: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let redraw = !json && std::io::stdout().is_terminal();
+    let mut ticks = tokio::time::interval(interval);
+    let mut shown = 0u64;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while count.is_none_or(|count| shown < count) {
+        tokio::select! {
+            _ = &mut ctrl_c => break,
+            _ = ticks.tick() => {}
+        }
+        let locks = runtime.list(pattern).await?;
+        let mut out = std::io::stdout().lock();
+        if redraw {
+            // Clear the screen and go home, then the table under a heading.
+            write!(out, "\x1b[2J\x1b[H")?;
+            writeln!(
+                out,
+                "{} locks matching `{pattern}`, every {interval:?} (Ctrl-C stops)\n",
+                locks.len()
+            )?;
+        }
+        if json {
+            let line = serde_json::to_string(&to_json(&locks))?;
+            writeln!(out, "{line}")?;
+        } else {
+            write!(out, "{}", table(&locks))?;
+            if !redraw {
+                writeln!(out)?;
+            }
+        }
+        out.flush()?;
+        shown += 1;
+    }
+    Ok(())
 }
 
-async fn read<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
-    record: &str,
-    key: String,
-) -> anyhow::Result<Option<LockRow>> {
-    let (owner, fence, acquired): (Option<String>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
-        .arg(record)
-        .arg("owner")
-        .arg("fence")
-        .arg("acquired_at_ms")
-        .query_async(conn)
-        .await
-        .with_context(|| format!("reading `{record}`"))?;
-    let (Some(owner), Some(fence)) = (owner, fence) else {
-        return Ok(None);
-    };
-    let pttl: i64 = redis::cmd("PTTL").arg(record).query_async(conn).await?;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-    let now_ms = secs * 1000 + micros / 1000;
-    Ok(Some(LockRow {
-        key,
-        owner,
-        fence,
-        age: acquired.map(|a| Duration::from_millis(now_ms.saturating_sub(a))),
-        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-    }))
+fn render(locks: &[LockInfo], json: bool) -> String {
+    if json {
+        // Serialising plain JSON values cannot fail; fall back to `null` rather than panic.
+        let text = serde_json::to_string_pretty(&to_json(locks)).unwrap_or_else(|_| "null".into());
+        format!("{text}\n")
+    } else {
+        table(locks)
+    }
 }
 
 fn secs(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
 
-/// A plain-text table.
-pub(crate) fn table(rows: &[LockRow]) -> String {
-    let mut cells = vec![[
-        "KEY".to_owned(),
-        "OWNER".into(),
-        "FENCE".into(),
-        "AGE".into(),
-        "TTL".into(),
-    ]];
+/// `3/5`, flagged where the masters disagree or no majority holds the lock.
+fn masters(q: &QuorumView) -> String {
+    let mut text = format!("{}/{}", q.agreeing, q.masters);
+    if !q.has_quorum() {
+        text.push_str(" no quorum");
+    }
+    if q.disagreeing > 0 {
+        text.push_str(&format!(", {} disagree", q.disagreeing));
+    }
+    if q.unanswered > 0 {
+        text.push_str(&format!(", {} unanswered", q.unanswered));
+    }
+    text
+}
+
+/// A plain-text table; a MASTERS column on Redlock.
+pub(crate) fn table(rows: &[LockInfo]) -> String {
+    let redlock = rows.iter().any(|r| r.quorum.is_some());
+    let mut header = vec!["KEY", "OWNER", "FENCE", "AGE", "TTL"];
+    if redlock {
+        header.push("MASTERS");
+    }
+    let mut cells: Vec<Vec<String>> = vec![header.into_iter().map(str::to_owned).collect()];
     for r in rows {
-        cells.push([
+        let mut row = vec![
             r.key.clone(),
             r.owner.clone(),
             r.fence.to_string(),
-            secs(r.age),
-            secs(r.ttl),
-        ]);
+            secs(Some(r.held_for)),
+            secs(r.remaining),
+        ];
+        if redlock {
+            row.push(r.quorum.as_ref().map_or_else(|| "-".to_owned(), masters));
+        }
+        cells.push(row);
     }
-    let widths: Vec<usize> = (0..5)
+    let columns = cells[0].len();
+    let widths: Vec<usize> = (0..columns)
         .map(|c| {
             cells
                 .iter()
@@ -244,18 +193,29 @@ pub(crate) fn table(rows: &[LockRow]) -> String {
     out
 }
 
-/// JSON rows: key, owner, fence, age_ms, ttl_ms.
-pub(crate) fn to_json(rows: &[LockRow]) -> serde_json::Value {
+/// JSON rows: key, owner, fence, age_ms, ttl_ms, and on Redlock `masters` (agreeing,
+/// disagreeing, unanswered, total, quorum).
+pub(crate) fn to_json(rows: &[LockInfo]) -> serde_json::Value {
     serde_json::Value::Array(
         rows.iter()
             .map(|r| {
-                serde_json::json!({
+                let mut row = serde_json::json!({
                     "key": r.key,
                     "owner": r.owner,
                     "fence": r.fence,
-                    "age_ms": r.age.map(|d| d.as_millis() as u64),
-                    "ttl_ms": r.ttl.map(|d| d.as_millis() as u64),
-                })
+                    "age_ms": u64::try_from(r.held_for.as_millis()).unwrap_or(u64::MAX),
+                    "ttl_ms": r.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                });
+                if let Some(q) = &r.quorum {
+                    row["masters"] = serde_json::json!({
+                        "agreeing": q.agreeing,
+                        "disagreeing": q.disagreeing,
+                        "unanswered": q.unanswered,
+                        "total": q.masters,
+                        "quorum": q.has_quorum(),
+                    });
+                }
+                row
             })
             .collect(),
     )

@@ -1,68 +1,88 @@
-//! lockctl end to end against real Redis: locks taken by a runtime are listed, shown and
-//! force-released, with waiters woken.
+//! lockctl end to end on every topology, against real servers: locks taken by a runtime are
+//! listed, shown, watched and force-released (waiters woken), with the same options for every
+//! store; on Redlock the masters' disagreement is shown.
 
 use std::process::Command;
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
-use lock_tests::{RedisCluster, RedisServer};
+use lock_runtime::{LockGuard, LockRuntime};
+use lock_tests::{PostgresServer, RedisCluster, RedisServer, SentinelSet};
 
-fn lockctl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(args)
-        .output()
-        .expect("running lockctl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_show_and_force_release_on_one_server() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let runtime = LockRuntime::builder()
-        .redis(url.as_str())
-        .owner("billing-1")
-        .build()
-        .await
-        .expect("build");
-    let a = runtime
-        .lock("job-a")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let _b = runtime
-        .lock("job-b")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-
-    let (code, out, err) = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || lockctl(&["--url", &url, "list"])
+/// Runs lockctl with `args` (and `env`) off the async threads; exit code, stdout, stderr.
+async fn lockctl_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(&args)
+            .env_remove("REDIS_URL")
+            .envs(env)
+            .output()
+            .expect("running lockctl");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     })
     .await
-    .expect("join");
+    .expect("join")
+}
+
+async fn lockctl(args: &[&str]) -> (i32, String, String) {
+    lockctl_env(args, &[]).await
+}
+
+async fn hold(runtime: &LockRuntime, key: &str) -> LockGuard {
+    runtime
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free")
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("JSON expected ({e}): {out}"))
+}
+
+/// `store` names one store in lockctl's options. On it: `list` (table and JSON, with a
+/// pattern), `show`, `release` refused without `--force`, and a forced release that wakes a
+/// waiter of `other` long before the holder's 30 s ttl.
+async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, other: LockRuntime) {
+    let a = hold(holder, "job-a").await;
+    let _b = hold(holder, "job-b").await;
+    let _c = hold(holder, "report").await;
+    let with = |rest: &[&str]| -> Vec<String> {
+        store.iter().chain(rest).map(|s| s.to_string()).collect()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        lockctl(&args).await
+    };
+
+    let (code, out, err) = run(with(&["list"])).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("KEY"), "{out}");
-    assert!(
-        out.contains("job-a") && out.contains("job-b") && out.contains("billing-1"),
-        "{out}"
-    );
-
-    let (code, out, _) = lockctl(&["--url", &url, "--json", "list", "--match", "job-a"]);
-    assert_eq!(code, 0);
-    let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{out}");
-    assert_eq!(rows[0]["key"], "job-a");
+    for shown in ["job-a", "job-b", "report", holder.owner()] {
+        assert!(out.contains(shown), "{shown} missing: {out}");
+    }
+    let (code, out, err) = run(with(&["--json", "list", "--match", "job-?"])).await;
+    assert_eq!(code, 0, "{err}");
+    let rows = json(&out);
+    let keys: Vec<&str> = rows
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|r| r["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["job-a", "job-b"], "{out}");
     assert_eq!(rows[0]["fence"], a.lease().fence());
+    assert_eq!(rows[0]["owner"], holder.owner());
     assert!(
         rows[0]["ttl_ms"]
             .as_u64()
@@ -70,93 +90,200 @@ async fn list_show_and_force_release_on_one_server() {
         "{out}"
     );
 
-    let (code, out, _) = lockctl(&["--url", &url, "show", "job-a"]);
+    let (code, out, _) = run(with(&["show", "job-a"])).await;
     assert_eq!(code, 0);
-    assert!(out.contains("job-a") && out.contains("billing-1"), "{out}");
-    let (code, out, _) = lockctl(&["--url", &url, "show", "nothing-here"]);
+    assert!(
+        out.contains("job-a") && out.contains(holder.owner()),
+        "{out}"
+    );
+    let (code, out, _) = run(with(&["show", "nothing-here"])).await;
     assert_eq!(code, 1);
     assert!(out.contains("not locked"), "{out}");
 
-    // A waiter in another runtime, woken by the forced release long before the 30 s ttl.
-    let other = LockRuntime::builder()
-        .redis(url.as_str())
-        .build()
-        .await
-        .expect("build");
     let waiter = tokio::spawn(async move {
         let guard = other.lock("job-a").acquire().await.expect("acquire");
         guard.lease().fence()
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (code, _, err) = lockctl(&["--url", &url, "release", "job-a"]);
+    let (code, _, err) = run(with(&["release", "job-a"])).await;
     assert_eq!(code, 2);
     assert!(err.contains("--force"), "{err}");
     assert!(!waiter.is_finished());
-    let (code, out, err) = lockctl(&["--url", &url, "release", "job-a", "--force"]);
+    let (code, out, err) = run(with(&["release", "job-a", "--force"])).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("released"), "{out}");
-    let fence = tokio::time::timeout(Duration::from_secs(3), waiter)
+    let fence = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the waiter woke at the forced release")
         .expect("task");
     assert!(fence > a.lease().fence());
-    // The old holder finds out at its next renewal (ttl/3 = 10 s): check the record instead.
     assert!(
         !a.release().await.expect("release"),
         "the forced-out holder no longer owns it"
     );
-
-    let (code, _, err) = lockctl(&["--url", "redis://127.0.0.1:1", "list"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("cannot connect"), "{err}");
+    let (code, out, _) = run(with(&["release", "job-a-never", "--force"])).await;
+    assert_eq!(code, 1);
+    assert!(out.contains("was not locked"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_on_a_cluster_covers_every_master() {
+async fn one_server_with_redis_url_fallback_watch_and_errors() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let runtime = || LockRuntime::builder().redis(url.as_str()).build();
+    let holder = runtime().await.expect("build");
+    let other = runtime().await.expect("build");
+    lists_shows_and_force_releases(&["--redis", &url], &holder, other).await;
+
+    // REDIS_URL when no store is named.
+    let _held = hold(&holder, "held-on").await;
+    let (code, out, err) = lockctl_env(&["list"], &[("REDIS_URL", &url)]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("held-on"), "{out}");
+    // watch: one JSON array per refresh.
+    let (code, out, err) = lockctl(&[
+        "--redis",
+        &url,
+        "--json",
+        "watch",
+        "--interval",
+        "0.2",
+        "--count",
+        "3",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let refreshes: Vec<&str> = out.lines().collect();
+    assert_eq!(refreshes.len(), 3, "{out}");
+    assert!(
+        refreshes
+            .iter()
+            .all(|line| json(line).as_array().is_some_and(|rows| !rows.is_empty()))
+    );
+
+    let (code, _, err) = lockctl(&["--redis", "redis://127.0.0.1:1", "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot connect"), "{err}");
+    let (code, _, err) = lockctl(&["list"]).await;
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("name a store") && err.contains("REDIS_URL"),
+        "{err}"
+    );
+    let (code, _, err) = lockctl(&["--redis", &url, "--redlock", &url, "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--redis and --redlock"), "{err}");
+    let (code, _, err) = lockctl(&["--redis", &url, "show", "a{b}"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("brace"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lists_every_master() {
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
-    let runtime = LockRuntime::builder()
-        .redis_cluster(urls.clone())
-        .owner("clustered")
-        .build()
-        .await
-        .expect("build");
+    let runtime = || LockRuntime::builder().redis_cluster(urls.clone()).build();
+    let holder = runtime().await.expect("build");
+    let seeds = format!("{},{}", urls[0], urls[1]);
+    lists_shows_and_force_releases(
+        &["--cluster", &seeds],
+        &holder,
+        runtime().await.expect("build"),
+    )
+    .await;
+    // Enough keys that every master holds some.
     let mut guards = Vec::new();
     for i in 0..12 {
-        guards.push(
-            runtime
-                .lock(format!("shard-{i}"))
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .expect("free"),
-        );
+        guards.push(hold(&holder, &format!("shard-{i}")).await);
     }
-    let args = [
-        "--cluster".to_owned(),
-        "--url".to_owned(),
-        urls[0].clone(),
-        "--json".to_owned(),
-        "list".to_owned(),
-    ];
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        lockctl(&args)
-    })
-    .await
-    .expect("join");
-    assert_eq!(code, 0, "{err}");
-    let rows: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-    assert_eq!(rows.as_array().map(Vec::len), Some(12), "{out}");
-
-    let (code, _, err) = lockctl(&[
+    let (code, out, err) = lockctl(&[
         "--cluster",
-        "--url",
-        &urls[1],
-        "release",
-        "shard-3",
-        "--force",
-    ]);
+        &urls[2],
+        "--json",
+        "list",
+        "--match",
+        "shard-*",
+    ])
+    .await;
     assert_eq!(code, 0, "{err}");
-    assert!(runtime.inspect("shard-3").await.expect("inspect").is_none());
+    assert_eq!(json(&out).as_array().map(Vec::len), Some(12), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_follows_the_named_master() {
+    let set = SentinelSet::start();
+    let urls = set.sentinel_urls();
+    let runtime = || {
+        LockRuntime::builder()
+            .redis_sentinel(&set.master_name, urls.clone())
+            .build()
+    };
+    let holder = runtime().await.expect("build");
+    let spec = format!("{}={}", set.master_name, urls.join(","));
+    lists_shows_and_force_releases(
+        &["--sentinel", &spec],
+        &holder,
+        runtime().await.expect("build"),
+    )
+    .await;
+    let (code, _, err) = lockctl(&["--sentinel", "no-equals-sign", "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("NAME=URL"), "{err}");
+}
+
+/// Redlock: the MASTERS column counts the masters holding each lock, and says where they
+/// disagree: a record removed from two of three masters behind the runtime's back leaves the
+/// lock without a quorum, which `list` shows and `show` does not call held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_shows_where_the_masters_disagree() {
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let runtime = || LockRuntime::builder().redlock(urls.clone()).build();
+    let holder = runtime().await.expect("build");
+    let all = urls.join(",");
+    lists_shows_and_force_releases(
+        &["--redlock", &all],
+        &holder,
+        runtime().await.expect("build"),
+    )
+    .await;
+
+    let _split = hold(&holder, "split").await;
+    let (code, out, err) = lockctl(&["--redlock", &all, "list", "--match", "split"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("MASTERS") && out.contains("3/3"), "{out}");
+    for master in &masters[..2] {
+        let mut conn = master.client().get_connection().expect("connect");
+        let _: () = redis::cmd("DEL")
+            .arg("lock:{split}")
+            .query(&mut conn)
+            .expect("DEL");
+    }
+    let (code, out, err) =
+        lockctl(&["--redlock", &all, "--json", "list", "--match", "split"]).await;
+    assert_eq!(code, 0, "{err}");
+    let rows = json(&out);
+    assert_eq!(rows[0]["masters"]["agreeing"], 1, "{out}");
+    assert_eq!(rows[0]["masters"]["total"], 3, "{out}");
+    assert_eq!(rows[0]["masters"]["quorum"], false, "{out}");
+    let (code, out, _) = lockctl(&["--redlock", &all, "list", "--match", "split"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("1/3 no quorum"), "{out}");
+    let (code, out, _) = lockctl(&["--redlock", &all, "show", "split"]).await;
+    assert_eq!(code, 1, "without a quorum the lock is not held: {out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_the_same_options() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let holder = server.runtime("billing-1").await;
+    let other = server.runtime("billing-2").await;
+    lists_shows_and_force_releases(&["--postgres", &url], &holder, other).await;
+    let (code, _, err) = lockctl(&["--postgres", &url, "--table", "bad name", "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("table"), "{err}");
+    let (code, _, err) = lockctl(&["--redis", "redis://127.0.0.1:1", "--table", "t", "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--table goes with --postgres"), "{err}");
 }

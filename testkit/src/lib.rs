@@ -26,7 +26,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That generates a module `memory_store` with one `#[test]` per case (26); each builds its
+//! That generates a module `memory_store` with one `#[test]` per case (27); each builds its
 //! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
 //! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
 //! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
@@ -115,6 +115,7 @@ macro_rules! behaviour_suite {
             wait_timeout_gives_up,
             expired_holder_lets_waiter_in,
             inspect_shows_holder,
+            list_and_force_release,
             shutdown_releases_everything,
             extend_and_max_hold,
         );

@@ -10,6 +10,9 @@ use tokio::time::Instant;
 
 use crate::Harness;
 
+mod operator;
+pub use operator::list_and_force_release;
+
 /// 3 runtimes x 4 tasks x 100 iterations on 2 keys, each doing an unsynchronised
 /// read-sleep-write on a counter under the lock: the totals must be exact.
 pub async fn mutual_exclusion<H: Harness>(store: &H) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lock_runtime::store::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal,
+    ReleaseOutcome, ReleaseWatch, Renewal, key_matches, key_of_record,
 };
 use lock_runtime::{LockError, LockRuntime};
 use tokio::sync::Mutex;
@@ -138,6 +138,39 @@ impl LockStore for MapStore {
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         Ok(self.hub.subscribe(names.channel()))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let t = self.tables.lock().await;
+        let now = Instant::now();
+        let live = t.locks.iter().filter(|(_, r)| r.expires > now);
+        Ok(live
+            .filter_map(|(record, r)| Some((key_of_record(namespace, record)?, r)))
+            .filter(|(key, _)| key_matches(pattern, key))
+            .map(|(key, r)| {
+                let view =
+                    RecordView::new(&r.owner, r.fence, Some(r.expires - now), now - r.acquired);
+                (key, view)
+            })
+            .collect())
+    }
+
+    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        let removed = {
+            let mut t = self.tables.lock().await;
+            let now = Instant::now();
+            t.locks
+                .remove(names.record())
+                .is_some_and(|r| r.expires > now)
+        };
+        if removed {
+            self.hub.notify(names.channel());
+        }
+        Ok(removed)
     }
 }
 

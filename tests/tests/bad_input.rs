@@ -41,6 +41,12 @@ async fn bad_requests_are_config_errors() {
             .is_some()
     );
     assert_config(rt.lock("a{b}").try_acquire().await, "brace");
+    // The operators' calls check their key or pattern the same way.
+    assert_config(rt.list("").await, "must not be empty");
+    assert_config(rt.list("a{*").await, "brace");
+    assert_config(rt.force_release("").await, "must not be empty");
+    assert_config(rt.force_release("x}").await, "brace");
+    assert_config(rt.inspect("\u{7}").await, "control character");
     assert_config(
         rt.lock("line\nbreak").try_acquire().await,
         "control character",

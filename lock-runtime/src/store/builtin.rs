@@ -37,6 +37,18 @@ impl LockStore for RedisBackend {
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         RedisBackend::watch_releases(self, names).await
     }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        RedisBackend::list(self, namespace, pattern).await
+    }
+
+    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        RedisBackend::force_release(self, names).await
+    }
 }
 
 /// A quorum of independent masters.
@@ -67,5 +79,17 @@ impl LockStore for RedlockBackend {
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         RedlockBackend::watch_releases(self, names).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        RedlockBackend::list(self, namespace, pattern).await
+    }
+
+    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        RedlockBackend::force_release(self, names).await
     }
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::listing::key_of_record;
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal,
+    ReleaseOutcome, ReleaseWatch, Renewal, key_matches,
 };
 use crate::LockError;
 
@@ -89,6 +90,17 @@ struct Record {
     acquired_at: Instant,
     min_hold_until: Instant,
     expires_at: Instant,
+}
+
+impl Record {
+    fn view(&self, now: Instant) -> RecordView {
+        RecordView::new(
+            self.owner.clone(),
+            self.fence,
+            Some(self.expires_at - now),
+            now - self.acquired_at,
+        )
+    }
 }
 
 impl State {
@@ -250,12 +262,34 @@ impl MemoryStore {
     pub(crate) fn inspect(&self, names: &KeyNames) -> Option<RecordView> {
         let now = Instant::now();
         let mut state = self.state();
-        state.live(&names.record, now).map(|r| RecordView {
-            owner: r.owner.clone(),
-            fence: r.fence,
-            remaining: Some(r.expires_at - now),
-            held_for: now - r.acquired_at,
-        })
+        state.live(&names.record, now).map(|r| r.view(now))
+    }
+
+    pub(crate) fn list(&self, namespace: &str, pattern: &str) -> Vec<(String, RecordView)> {
+        let now = Instant::now();
+        let state = self.state();
+        state
+            .records
+            .iter()
+            .filter(|(_, r)| r.expires_at > now)
+            .filter_map(|(record, r)| {
+                let key = key_of_record(namespace, record)?;
+                key_matches(pattern, &key).then(|| (key, r.view(now)))
+            })
+            .collect()
+    }
+
+    pub(crate) fn force_release(&self, names: &KeyNames) -> bool {
+        let now = Instant::now();
+        let removed = {
+            let mut state = self.state();
+            state.live(&names.record, now).is_some()
+                && state.records.remove(&names.record).is_some()
+        };
+        if removed {
+            self.shared.hub.notify(&names.channel);
+        }
+        removed
     }
 
     pub(crate) fn watch_releases(&self, names: &KeyNames) -> ReleaseWatch {
@@ -291,5 +325,17 @@ impl LockStore for MemoryStore {
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         Ok(MemoryStore::watch_releases(self, names))
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        Ok(MemoryStore::list(self, namespace, pattern))
+    }
+
+    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        Ok(MemoryStore::force_release(self, names))
     }
 }

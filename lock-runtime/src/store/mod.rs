@@ -5,10 +5,10 @@
 //! rather than a boxed future. Any other store is plugged in with
 //! [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store). The runtime brings
 //! everything else (tokens, validity, the watchdog, waiting, shutdown); a store answers the
-//! five calls of [`LockStore`] with the semantics written on each.
+//! calls of [`LockStore`] with the semantics written on each (five that locking needs, two
+//! for operators: `list` and `force_release`).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ use crate::LockError;
 
 mod builtin;
 mod conn;
+mod custom;
 mod hub;
+mod listing;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -24,7 +26,9 @@ mod redis;
 mod redlock;
 mod sentinel;
 
+pub(crate) use custom::CustomStore;
 pub use hub::{ReleaseHub, ReleaseWatch};
+pub use listing::{QuorumView, key_matches, key_of_record};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
@@ -169,6 +173,8 @@ pub struct RecordView {
     pub remaining: Option<Duration>,
     /// How long since it was acquired, on the store's clock.
     pub held_for: Duration,
+    /// Redlock: how the masters see this record (None for a store of one record per lock).
+    pub quorum: Option<QuorumView>,
 }
 
 impl RecordView {
@@ -185,6 +191,7 @@ impl RecordView {
             fence,
             remaining,
             held_for,
+            quorum: None,
         }
     }
 }
@@ -248,7 +255,7 @@ pub struct AcquireRequest<'a> {
 ///
 /// use lock_runtime::store::{
 ///     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-///     ReleaseOutcome, ReleaseWatch, Renewal,
+///     ReleaseOutcome, ReleaseWatch, Renewal, key_matches, key_of_record,
 /// };
 /// use lock_runtime::{LockError, LockRuntime};
 /// use tokio::time::Instant;
@@ -362,6 +369,33 @@ pub struct AcquireRequest<'a> {
 ///     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
 ///         Ok(self.hub.subscribe(names.channel()))
 ///     }
+///
+///     async fn list(
+///         &self,
+///         namespace: &str,
+///         pattern: &str,
+///     ) -> Result<Vec<(String, RecordView)>, LockError> {
+///         let now = Instant::now();
+///         let s = self.state();
+///         let live = s.records.iter().filter(|(_, r)| r.until > now);
+///         Ok(live
+///             .filter_map(|(record, r)| Some((key_of_record(namespace, record)?, r)))
+///             .filter(|(key, _)| key_matches(pattern, key))
+///             .map(|(key, r)| {
+///                 (key, RecordView::new(&r.owner, r.fence, Some(r.until - now), now - r.since))
+///             })
+///             .collect())
+///     }
+///
+///     async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+///         let now = Instant::now();
+///         let removed = self.state().records.remove(names.record());
+///         let removed = removed.is_some_and(|r| r.until > now);
+///         if removed {
+///             self.hub.notify(names.channel());
+///         }
+///         Ok(removed)
+///     }
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -424,83 +458,24 @@ pub trait LockStore: Send + Sync + 'static {
         &self,
         names: &KeyNames,
     ) -> impl Future<Output = Result<ReleaseWatch, LockError>> + Send;
-}
 
-type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+    /// For operators (`LockRuntime::list`, lockctl): every live record of `namespace` whose
+    /// key matches `pattern` ([`key_matches`]: `*` any run of characters, `?` one), with its
+    /// key (without namespace), in any order. Records kept for min_hold count as live; done
+    /// markers are not records. Not on any hot path: a scan is fine.
+    fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> impl Future<Output = Result<Vec<(String, RecordView)>, LockError>> + Send;
 
-/// [`LockStore`] made object safe, so the runtime can hold any store behind one pointer.
-trait DynStore: Send + Sync {
-    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, AcquireOutcome>;
-    fn release<'a>(
-        &'a self,
-        names: &'a KeyNames,
-        token: &'a str,
-        done_retention: Option<Duration>,
-    ) -> StoreFuture<'a, ReleaseOutcome>;
-    fn extend<'a>(&'a self, items: &'a [ExtendItem]) -> StoreFuture<'a, Vec<Renewal>>;
-    fn inspect<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, Option<RecordView>>;
-    fn watch_releases<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, ReleaseWatch>;
-}
-
-impl<S: LockStore> DynStore for S {
-    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, AcquireOutcome> {
-        Box::pin(LockStore::acquire(self, request))
-    }
-    fn release<'a>(
-        &'a self,
-        names: &'a KeyNames,
-        token: &'a str,
-        done_retention: Option<Duration>,
-    ) -> StoreFuture<'a, ReleaseOutcome> {
-        Box::pin(LockStore::release(self, names, token, done_retention))
-    }
-    fn extend<'a>(&'a self, items: &'a [ExtendItem]) -> StoreFuture<'a, Vec<Renewal>> {
-        Box::pin(LockStore::extend(self, items))
-    }
-    fn inspect<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, Option<RecordView>> {
-        Box::pin(LockStore::inspect(self, names))
-    }
-    fn watch_releases<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, ReleaseWatch> {
-        Box::pin(LockStore::watch_releases(self, names))
-    }
-}
-
-/// A store plugged in through [`LockStore`], each call bounded by the command timeout.
-pub(crate) struct CustomStore {
-    store: Box<dyn DynStore>,
-    timeout: Duration,
-}
-
-impl CustomStore {
-    pub(crate) fn new(store: impl LockStore) -> Self {
-        CustomStore {
-            store: Box::new(store),
-            timeout: crate::config::DEFAULT_CONNECT_TIMEOUT,
-        }
-    }
-
-    /// Bounds every call by `timeout` (the builder's command timeout).
-    pub(crate) fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    async fn bounded<T>(&self, what: &str, call: StoreFuture<'_, T>) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(crate::BackendError::transient(format!(
-                "the store did not answer {what} within the command timeout ({:?})",
-                self.timeout
-            ))
-            .into()),
-        }
-    }
-}
-
-impl std::fmt::Debug for CustomStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CustomStore")
-    }
+    /// For operators: removes the lock's live record whatever token it carries and wakes the
+    /// lock's watchers, as a release that frees the lock does; true when there was one. The
+    /// holder learns it at its next renewal. The `once` marker and the fence history stay.
+    fn force_release(
+        &self,
+        names: &KeyNames,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
 }
 
 /// The store of one runtime. Held behind an `Arc`, so the size difference between variants
@@ -525,7 +500,7 @@ impl Backend {
             Backend::Redis(r) => LockStore::acquire(r, request).await,
             Backend::Redlock(r) => LockStore::acquire(r, request).await,
             Backend::Memory(m) => LockStore::acquire(m, request).await,
-            Backend::Custom(c) => c.bounded("an acquire", c.store.acquire(request)).await,
+            Backend::Custom(c) => c.acquire(request).await,
         }
     }
 
@@ -539,10 +514,7 @@ impl Backend {
             Backend::Redis(r) => LockStore::release(r, names, token, done_retention).await,
             Backend::Redlock(r) => LockStore::release(r, names, token, done_retention).await,
             Backend::Memory(m) => LockStore::release(m, names, token, done_retention).await,
-            Backend::Custom(c) => {
-                c.bounded("a release", c.store.release(names, token, done_retention))
-                    .await
-            }
+            Backend::Custom(c) => c.release(names, token, done_retention).await,
         }
     }
 
@@ -565,7 +537,7 @@ impl Backend {
             Backend::Redis(r) => LockStore::extend(r, items).await,
             Backend::Redlock(r) => LockStore::extend(r, items).await,
             Backend::Memory(m) => LockStore::extend(m, items).await,
-            Backend::Custom(c) => c.bounded("a renewal", c.store.extend(items)).await,
+            Backend::Custom(c) => c.extend(items).await,
         }
     }
 
@@ -574,7 +546,7 @@ impl Backend {
             Backend::Redis(r) => LockStore::inspect(r, names).await,
             Backend::Redlock(r) => LockStore::inspect(r, names).await,
             Backend::Memory(m) => LockStore::inspect(m, names).await,
-            Backend::Custom(c) => c.bounded("an inspect", c.store.inspect(names)).await,
+            Backend::Custom(c) => c.inspect(names).await,
         }
     }
 
@@ -585,7 +557,35 @@ impl Backend {
             Backend::Redis(r) => LockStore::watch_releases(r, names).await,
             Backend::Redlock(r) => LockStore::watch_releases(r, names).await,
             Backend::Memory(m) => LockStore::watch_releases(m, names).await,
-            Backend::Custom(c) => c.bounded("a watch", c.store.watch_releases(names)).await,
+            Backend::Custom(c) => c.watch_releases(names).await,
+        }
+    }
+
+    /// The live records of `namespace` whose key matches `pattern`, sorted by key.
+    pub(crate) async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let mut listed = match self {
+            Backend::Redis(r) => LockStore::list(r, namespace, pattern).await,
+            Backend::Redlock(r) => LockStore::list(r, namespace, pattern).await,
+            Backend::Memory(m) => LockStore::list(m, namespace, pattern).await,
+            Backend::Custom(c) => c.list(namespace, pattern).await,
+        }?;
+        // Whatever the store's own matching did, the pattern language is the one documented.
+        listed.retain(|(key, _)| key_matches(pattern, key));
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(listed)
+    }
+
+    /// Removes the lock's record whatever its token, waking its waiters.
+    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(r) => LockStore::force_release(r, names).await,
+            Backend::Redlock(r) => LockStore::force_release(r, names).await,
+            Backend::Memory(m) => LockStore::force_release(m, names).await,
+            Backend::Custom(c) => c.force_release(names).await,
         }
     }
 }

@@ -23,6 +23,7 @@ use crate::error::scrub;
 use crate::{BackendError, LockError};
 
 mod listener;
+mod operator;
 mod session;
 mod sql;
 mod tls;
@@ -388,6 +389,18 @@ impl LockStore for PostgresStore {
             ))
             .into())
         }
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        self.list_records(namespace, pattern).await
+    }
+
+    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        self.force_release_record(names).await
     }
 }
 

@@ -8,6 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, Script, Value};
 use tokio::sync::OnceCell;
 
+mod operator;
 mod replication;
 mod subscriber;
 mod version;
@@ -94,6 +95,7 @@ struct Scripts {
     extend: Script,
     inspect: Script,
     raise_fence: Script,
+    force_release: Script,
 }
 
 impl Scripts {
@@ -104,6 +106,7 @@ impl Scripts {
             extend: Script::new(include_str!("lua/extend.lua")),
             inspect: Script::new(include_str!("lua/inspect.lua")),
             raise_fence: Script::new(include_str!("lua/raise_fence.lua")),
+            force_release: Script::new(include_str!("lua/force_release.lua")),
         }
     }
 }
@@ -286,6 +289,7 @@ impl RedisBackend {
             &self.scripts.extend,
             &self.scripts.inspect,
             &self.scripts.raise_fence,
+            &self.scripts.force_release,
         ] {
             script
                 .prepare_invoke()
@@ -605,12 +609,12 @@ impl RedisBackend {
                 Value::Int(acquired),
                 Value::Int(pttl),
                 Value::Int(now),
-            ] => Ok(Some(RecordView {
-                owner: value_text(owner),
-                fence: u64::try_from(*fence).unwrap_or(0),
-                remaining: pttl_of(*pttl),
-                held_for: Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
-            })),
+            ] => Ok(Some(RecordView::new(
+                value_text(owner),
+                u64::try_from(*fence).unwrap_or(0),
+                pttl_of(*pttl),
+                Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
+            ))),
             _ => Err(BackendError::new(format!(
                 "inspect of `{}` got an unexpected reply from Redis",
                 names.key

@@ -2,13 +2,13 @@
 //! it within its validity. Each node runs the same scripts as a standalone server; this module
 //! fans the calls out in parallel, each bounded by a short per-node timeout, and counts.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::listing::{LIST_TIMEOUT, combine_masters, combine_one};
 use super::redis::SubscriberHandle;
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, RedisBackend, RedisOptions, ReleaseHub,
@@ -115,11 +115,20 @@ impl RedlockBackend {
         F: Fn(Arc<RedisBackend>) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
     {
+        self.fan_out_within(self.node_timeout, op).await
+    }
+
+    /// `fan_out` with each node bounded by `timeout`.
+    async fn fan_out_within<T, F, Fut>(&self, timeout: Duration, op: F) -> Vec<NodeResult<T>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
+    {
         let mut set = JoinSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
             let url = node.shown_url().to_owned();
             let fut = op(node.clone());
-            let timeout = self.node_timeout;
             set.spawn(async move {
                 let answer = match tokio::time::timeout(timeout, fut).await {
                     Ok(Ok(v)) => Ok(v),
@@ -326,34 +335,80 @@ impl RedlockBackend {
             })
             .await
         };
-        // The record a quorum agrees on (same owner and fence).
-        let mut tally: HashMap<(String, u64), (usize, RecordView)> = HashMap::new();
+        // The record a quorum agrees on (same owner and fence), with how the masters see it.
+        let mut views = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
-                Ok(Some(view)) => {
-                    let entry = tally
-                        .entry((view.owner.clone(), view.fence))
-                        .or_insert((0, view));
-                    entry.0 += 1;
-                }
+                Ok(Some(view)) => views.push(view),
                 Ok(None) => {}
                 Err(e) => errors.push(e),
             }
         }
+        self.enough_answered(&format!("inspect of `{}`", names.key), &errors)?;
+        Ok(combine_one(views, errors.len(), self.nodes.len())
+            .filter(|view| view.quorum.is_some_and(|q| q.agreeing >= self.quorum)))
+    }
+
+    /// Every record the masters list, combined per key with how many masters agree; keys
+    /// held on fewer masters than a quorum are listed too, flagged by their view.
+    pub(crate) async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let answers = {
+            let (namespace, pattern) = (namespace.to_owned(), pattern.to_owned());
+            self.fan_out_within(LIST_TIMEOUT, move |node| {
+                let (namespace, pattern) = (namespace.clone(), pattern.clone());
+                async move { node.list(&namespace, &pattern).await }
+            })
+            .await
+        };
+        let mut listed = Vec::new();
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(records) => listed.push(records),
+                Err(e) => errors.push(e),
+            }
+        }
+        self.enough_answered("listing", &errors)?;
+        Ok(combine_masters(listed, errors.len(), self.nodes.len()))
+    }
+
+    /// Removes the record on every master that answers; true if any had it.
+    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        let answers = {
+            let names = names.clone();
+            self.fan_out(move |node| {
+                let names = names.clone();
+                async move { node.force_release(&names).await }
+            })
+            .await
+        };
+        let mut removed = false;
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(here) => removed |= here,
+                Err(e) => errors.push(e),
+            }
+        }
+        self.enough_answered(&format!("forced release of `{}`", names.key), &errors)?;
+        Ok(removed)
+    }
+
+    /// An error unless a quorum of masters answered.
+    fn enough_answered(&self, what: &str, errors: &[String]) -> Result<(), LockError> {
         if errors.len() > self.nodes.len() - self.quorum {
             return Err(BackendError::new(format!(
-                "redlock inspect of `{}` reached too few masters: {}",
-                names.key,
+                "redlock {what} reached too few masters: {}",
                 errors.join("; ")
             ))
             .into());
         }
-        Ok(tally
-            .into_values()
-            .filter(|(count, _)| *count >= self.quorum)
-            .map(|(_, view)| view)
-            .next())
+        Ok(())
     }
 
     /// Watches releases on every reachable node; a release published on any of them wakes the

@@ -575,4 +575,14 @@ impl LockStore for SimStore {
         .await?;
         Ok(watch)
     }
+
+    // The simulation checks locking under faults; operators' calls are tested on the real
+    // stores (the kit's list_and_force_release, lockctl's end-to-end tests).
+    async fn list(&self, _: &str, _: &str) -> Result<Vec<(String, RecordView)>, LockError> {
+        Err(BackendError::new("the simulated store does not model listing").into())
+    }
+
+    async fn force_release(&self, _: &KeyNames) -> Result<bool, LockError> {
+        Err(BackendError::new("the simulated store does not model forced releases").into())
+    }
 }

@@ -1,0 +1,64 @@
+//! What operators ask of the PostgreSQL store (`LockRuntime::list`, `force_release`,
+//! lockctl): rare calls, so their statements are not prepared on every connection.
+
+use super::super::listing::{key_of_record, like_pattern};
+use super::super::{KeyNames, RecordView};
+use super::{PostgresStore, duration};
+use crate::LockError;
+
+impl PostgresStore {
+    /// The live records of `namespace` whose key matches `pattern`.
+    pub(super) async fn list_records(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let s = self.shared.session().await?;
+        let rows = s
+            .client
+            .query(
+                &self.shared.table.list(),
+                &[&like_pattern(namespace, pattern)],
+            )
+            .await
+            .map_err(|e| self.shared.error("listing failed", e))?;
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let record: String = row.try_get(0).map_err(|e| self.decode(e))?;
+            let Some(key) = key_of_record(namespace, &record) else {
+                continue;
+            };
+            let owner: String = row.try_get(1).map_err(|e| self.decode(e))?;
+            let fence: i64 = row.try_get(2).map_err(|e| self.decode(e))?;
+            let left: i64 = row.try_get(3).map_err(|e| self.decode(e))?;
+            let held: i64 = row.try_get(4).map_err(|e| self.decode(e))?;
+            listed.push((
+                key,
+                RecordView::new(
+                    owner,
+                    u64::try_from(fence).unwrap_or(0),
+                    Some(duration(left)),
+                    duration(held),
+                ),
+            ));
+        }
+        Ok(listed)
+    }
+
+    /// Ends the lock's live row whatever its token and announces the release.
+    pub(super) async fn force_release_record(&self, names: &KeyNames) -> Result<bool, LockError> {
+        let s = self.shared.session().await?;
+        let rows = s
+            .client
+            .query(
+                &self.shared.table.force_release(),
+                &[&names.record(), &names.channel()],
+            )
+            .await
+            .map_err(|e| {
+                self.shared
+                    .error(&format!("forced release of `{}` failed", names.key()), e)
+            })?;
+        Ok(!rows.is_empty())
+    }
+}

@@ -1,0 +1,154 @@
+//! What operators ask of a Redis store (`LockRuntime::list`, `force_release`, lockctl): a
+//! SCAN of the records (never KEYS), on every master of a Cluster, and a forced release.
+
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::super::conn::Conn;
+use super::super::listing::{key_of_record, redis_match};
+use super::super::{KeyNames, RecordView, key_matches};
+use super::{RedisBackend, value_text};
+use crate::{BackendError, LockError};
+
+/// Keys asked per SCAN call: large enough that a big keyspace takes few round trips, small
+/// enough that one call stays short on the server.
+const SCAN_COUNT: u32 = 1000;
+
+impl RedisBackend {
+    /// The live records of `namespace` whose key matches `pattern`.
+    pub(crate) async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let scan_match = redis_match(namespace, pattern);
+        let records = match &self.conn {
+            Conn::Cluster(cluster) => {
+                let mut records = Vec::new();
+                for (host, port) in self.cluster_masters().await? {
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    });
+                    let mut scan = |cmd: redis::Cmd| {
+                        let (route, mut cluster) = (route.clone(), cluster.clone());
+                        async move { cluster.route_command(cmd, route).await }
+                    };
+                    records.extend(
+                        scan_all(&scan_match, &mut scan)
+                            .await
+                            .map_err(|e| self.error(&format!("SCAN of {host}:{port}"), e))?,
+                    );
+                }
+                records
+            }
+            conn => {
+                let mut scan = |cmd: redis::Cmd| {
+                    let mut conn = conn.clone();
+                    async move { cmd.query_async::<Value>(&mut conn).await }
+                };
+                scan_all(&scan_match, &mut scan)
+                    .await
+                    .map_err(|e| self.error("SCAN of the lock records", e))?
+            }
+        };
+        let mut listed = Vec::new();
+        for record in records {
+            let Some(key) = key_of_record(namespace, &record) else {
+                continue;
+            };
+            if !key_matches(pattern, &key) {
+                continue;
+            }
+            // Read one by one through the inspect script (the record may have gone since the
+            // SCAN saw it); a hash that is no lock record (no fence) is not listed.
+            if let Some(view) = self.inspect(&KeyNames::new(namespace, &key)).await?
+                && view.fence > 0
+            {
+                listed.push((key, view));
+            }
+        }
+        Ok(listed)
+    }
+
+    /// Removes the record whatever its token and announces the release.
+    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let removed: i64 = self
+            .scripts
+            .force_release
+            .key(&names.record)
+            .arg(&names.channel)
+            .arg(if self.sharded_pubsub { "1" } else { "0" })
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("forced release of `{}` failed", names.key), e))?;
+        match removed {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(BackendError::new(format!(
+                "Redis key `{}` holds a value that is not a lock record; it was left untouched",
+                names.record
+            ))
+            .into()),
+        }
+    }
+
+    /// The masters of the Cluster, as `CLUSTER SLOTS` names them now.
+    async fn cluster_masters(&self) -> Result<Vec<(String, u16)>, LockError> {
+        let mut conn = self.conn.clone();
+        let slots: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error("CLUSTER SLOTS", e))?;
+        let mut masters = Vec::new();
+        if let Value::Array(ranges) = slots {
+            for range in ranges {
+                let Value::Array(parts) = range else { continue };
+                // start, end, then the master as [host, port, id, ...], then its replicas.
+                let Some(Value::Array(master)) = parts.get(2) else {
+                    continue;
+                };
+                if let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1))
+                    && let Ok(port) = u16::try_from(*port)
+                {
+                    let address = (value_text(host), port);
+                    if !masters.contains(&address) {
+                        masters.push(address);
+                    }
+                }
+            }
+        }
+        if masters.is_empty() {
+            return Err(BackendError::new("CLUSTER SLOTS named no master").into());
+        }
+        Ok(masters)
+    }
+}
+
+/// Every key one server's SCAN yields for `pattern` (hashes only), through `send`.
+async fn scan_all<F, Fut>(pattern: &str, send: &mut F) -> redis::RedisResult<Vec<String>>
+where
+    F: FnMut(redis::Cmd) -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<Value>>,
+{
+    let mut keys = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .arg("TYPE")
+            .arg("hash");
+        let (next, batch): (u64, Vec<String>) = redis::from_redis_value(send(cmd).await?)?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
