@@ -267,19 +267,36 @@ impl LockRuntime {
             .collect())
     }
 
-    /// Frees lock `key` whatever holds it, and wakes its waiters; `true` when there was a
-    /// record to remove. For an operator who knows the holder is gone (a host that crashed,
-    /// whose lease would otherwise run out its whole ttl). A holder that is in fact still
-    /// alive learns it at its next renewal (its lease is then lost), but until then it may
-    /// work alongside the next holder: only fencing keeps the two apart. The `once` marker
-    /// stays, and fences keep increasing.
+    /// Frees lock `key` from its current holder, whatever its token, and wakes its waiters;
+    /// `true` when there was a holder to remove. For an operator who knows the holder is gone
+    /// (a host that crashed, whose lease would otherwise run out its whole ttl). A holder that
+    /// is in fact still alive learns it at its next renewal (its lease is then lost), but until
+    /// then it may work alongside the next holder: only fencing keeps the two apart. The
+    /// `once` marker stays, and fences keep increasing.
+    ///
+    /// It reads the holder's fence first and removes only that holder, so a holder that came
+    /// in meanwhile, or a call that the store applies twice, never evicts anyone else. To
+    /// remove exactly the holder you saw (in [`list`](Self::list), say), use
+    /// [`force_release_fence`](Self::force_release_fence).
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        match self.inspect(key).await? {
+            Some(holder) => self.force_release_fence(key, holder.fence).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Frees lock `key` if its holder's fence is `fence`, as
+    /// [`force_release`](Self::force_release) does; `false` when the lock is free or held with
+    /// another fence. On Redlock it also clears a record that fewer masters than a quorum
+    /// still hold (which [`list`](Self::list) shows, and `inspect` does not call held).
+    pub async fn force_release_fence(&self, key: &str, fence: u64) -> Result<bool, LockError> {
         check_name("lock key", key)?;
         let names = KeyNames::new(&self.inner.namespace, key);
-        let removed = self.inner.backend.force_release(&names).await?;
+        let removed = self.inner.backend.force_release(&names, fence).await?;
         if removed {
             tracing::warn!(
                 key,
+                fence,
                 "lock released by force: its holder, if alive, loses it"
             );
         }

@@ -26,14 +26,14 @@ struct Cli {
     #[arg(long, global = true, value_name = "URL")]
     redis: Option<String>,
     /// A Redis Cluster: seed nodes (repeat the option, or separate with commas).
-    #[arg(long, global = true, value_name = "URL", value_delimiter = ',')]
+    #[arg(long, global = true, value_name = "URL")]
     cluster: Vec<String>,
     /// A Sentinel-managed master: its name, `=`, then the sentinels, separated with commas.
     #[arg(long, global = true, value_name = "NAME=URL,...")]
     sentinel: Option<String>,
     /// Redlock masters (repeat the option, or separate with commas); shows how many masters
     /// hold each lock and where they disagree.
-    #[arg(long, global = true, value_name = "URL", value_delimiter = ',')]
+    #[arg(long, global = true, value_name = "URL")]
     redlock: Vec<String>,
     /// A PostgreSQL database (`postgres://user:password@host/db`).
     #[arg(long, global = true, value_name = "URL")]
@@ -67,8 +67,8 @@ enum Action {
         /// The lock key, as the application names it (without namespace).
         key: String,
     },
-    /// Free a lock whatever holds it and wake its waiters. The holder is told at its next
-    /// renewal.
+    /// Free a lock from its holder, whatever its token, and wake its waiters. The holder is
+    /// told at its next renewal.
     Release {
         /// The lock key.
         key: String,
@@ -76,6 +76,10 @@ enum Action {
         /// still be working.
         #[arg(long)]
         force: bool,
+        /// Only if the holder's fence is this one (as `list` showed it): a holder that came in
+        /// since is left alone. Without it, the current holder is read first.
+        #[arg(long)]
+        fence: Option<u64>,
     },
     /// The list, refreshed every second until Ctrl-C.
     Watch {
@@ -151,7 +155,7 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         return Ok(builder.redis(url.as_str()));
     }
     if !cli.cluster.is_empty() {
-        return Ok(builder.redis_cluster(cli.cluster.clone()));
+        return Ok(builder.redis_cluster(split_urls(&cli.cluster)));
     }
     if let Some(spec) = &cli.sentinel {
         let Some((name, urls)) = spec.split_once('=') else {
@@ -159,15 +163,10 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
                 "--sentinel takes NAME=URL,URL,...: the master's name, then the sentinels"
             );
         };
-        let urls: Vec<String> = urls
-            .split(',')
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
-        return Ok(builder.redis_sentinel(name, urls));
+        return Ok(builder.redis_sentinel(name, split_urls(&[urls.to_owned()])));
     }
     if !cli.redlock.is_empty() {
-        return Ok(builder.redlock(cli.redlock.clone()));
+        return Ok(builder.redlock(split_urls(&cli.redlock)));
     }
     if let Some(url) = &cli.postgres {
         let builder = builder.postgres(url.as_str());
@@ -182,5 +181,49 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
             "name a store: --redis URL, --cluster URL, --sentinel NAME=URL,..., --redlock URL or \
              --postgres URL (or set REDIS_URL)"
         ),
+    }
+}
+
+/// The URLs of repeated options, each of which may hold several separated by commas. Split
+/// only where a comma starts another `redis://` or `rediss://` URL: a comma may stand
+/// unencoded in a password, and a URL cut there would show part of it in an error.
+fn split_urls(values: &[String]) -> Vec<String> {
+    let mut urls = Vec::new();
+    for value in values {
+        let mut rest = value.as_str();
+        loop {
+            let next = rest.match_indices(',').map(|(i, _)| i).find(|&i| {
+                rest[i + 1..].starts_with("redis://") || rest[i + 1..].starts_with("rediss://")
+            });
+            match next {
+                Some(i) => {
+                    urls.push(rest[..i].to_owned());
+                    rest = &rest[i + 1..];
+                }
+                None => {
+                    urls.push(rest.to_owned());
+                    break;
+                }
+            }
+        }
+    }
+    urls.retain(|u| !u.is_empty());
+    urls
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_urls;
+
+    #[test]
+    fn urls_split_only_where_another_url_starts() {
+        let given = [
+            "redis://a:1,rediss://b:2".to_owned(),
+            "redis://:pa,ss@c:3".to_owned(),
+        ];
+        assert_eq!(
+            split_urls(&given),
+            ["redis://a:1", "rediss://b:2", "redis://:pa,ss@c:3"]
+        );
     }
 }

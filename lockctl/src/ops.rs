@@ -9,6 +9,17 @@ use lock_runtime::{LockInfo, LockRuntime};
 
 use crate::Action;
 
+/// Writes to stdout; false when the reader went away (`lockctl list | head -1`), which ends
+/// the output quietly rather than with a panic.
+fn emit(text: &str) -> anyhow::Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs one command; exit codes: 0 done, 1 not locked, 2 error (from the caller).
 pub(crate) async fn run(
     runtime: &LockRuntime,
@@ -18,40 +29,55 @@ pub(crate) async fn run(
     match action {
         Action::List { pattern } => {
             let locks = runtime.list(&pattern).await?;
-            print!("{}", render(&locks, json));
+            emit(&render(&locks, json))?;
             Ok(ExitCode::SUCCESS)
         }
         Action::Show { key } => match runtime.inspect(&key).await? {
             Some(lock) => {
-                print!("{}", render(&[lock], json));
+                emit(&render(&[lock], json))?;
                 Ok(ExitCode::SUCCESS)
             }
             None => {
-                if json {
-                    println!("null");
+                emit(&if json {
+                    "null\n".to_owned()
                 } else {
-                    println!("`{key}` is not locked");
-                }
+                    format!("`{key}` is not locked\n")
+                })?;
                 Ok(ExitCode::from(1))
             }
         },
-        Action::Release { key, force } => {
+        Action::Release { key, force, fence } => {
             if !force {
                 anyhow::bail!(
                     "refusing to release `{key}` without --force: the holder may still be \
                      working, and a second holder would run alongside it"
                 );
             }
-            let released = runtime.force_release(&key).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "key": key, "released": released })
-                );
-            } else if released {
-                println!("released `{key}`; waiters were woken");
+            let released = match fence {
+                Some(fence) => runtime.force_release_fence(&key, fence).await?,
+                None => runtime.force_release(&key).await?,
+            };
+            // Not released: say whether the lock is free or has another holder now.
+            let holder = if released {
+                None
             } else {
-                println!("`{key}` was not locked");
+                runtime.inspect(&key).await?
+            };
+            if json {
+                let now = holder.as_ref().map(|h| h.fence);
+                emit(&format!(
+                    "{}\n",
+                    serde_json::json!({ "key": key, "released": released, "held_with_fence": now })
+                ))?;
+            } else if released {
+                emit(&format!("released `{key}`; waiters were woken\n"))?;
+            } else if let Some(holder) = holder {
+                emit(&format!(
+                    "`{key}` was not released: it is held with fence {} by {}\n",
+                    holder.fence, holder.owner
+                ))?;
+            } else {
+                emit(&format!("`{key}` was not locked\n"))?;
             }
             Ok(if released {
                 ExitCode::SUCCESS
@@ -76,7 +102,8 @@ pub(crate) async fn run(
 
 /// Prints the list every `interval` until Ctrl-C (or `count` refreshes): on a terminal the
 /// screen is redrawn; otherwise (and with --json, one array per line) each refresh follows the
-/// last, so the output can be piped.
+/// last, so the output can be piped. A refresh that fails (the store restarting, a failover)
+/// is reported on stderr and the watch goes on.
 async fn watch(
     runtime: &LockRuntime,
     pattern: &str,
@@ -94,28 +121,39 @@ async fn watch(
             _ = &mut ctrl_c => break,
             _ = ticks.tick() => {}
         }
-        let locks = runtime.list(pattern).await?;
-        let mut out = std::io::stdout().lock();
+        let listed = tokio::select! {
+            _ = &mut ctrl_c => break,
+            listed = runtime.list(pattern) => listed,
+        };
+        shown += 1;
+        let locks = match listed {
+            Ok(locks) => locks,
+            Err(e) => {
+                eprintln!("lockctl: refresh failed: {e}");
+                continue;
+            }
+        };
+        let mut text = String::new();
         if redraw {
             // Clear the screen and go home, then the table under a heading.
-            write!(out, "\x1b[2J\x1b[H")?;
-            writeln!(
-                out,
-                "{} locks matching `{pattern}`, every {interval:?} (Ctrl-C stops)\n",
+            text.push_str("\x1b[2J\x1b[H");
+            text.push_str(&format!(
+                "{} locks matching `{pattern}`, every {interval:?} (Ctrl-C stops)\n\n",
                 locks.len()
-            )?;
+            ));
         }
         if json {
-            let line = serde_json::to_string(&to_json(&locks))?;
-            writeln!(out, "{line}")?;
+            text.push_str(&serde_json::to_string(&to_json(&locks))?);
+            text.push('\n');
         } else {
-            write!(out, "{}", table(&locks))?;
+            text.push_str(&table(&locks));
             if !redraw {
-                writeln!(out)?;
+                text.push('\n');
             }
         }
-        out.flush()?;
-        shown += 1;
+        if !emit(&text)? {
+            break;
+        }
     }
     Ok(())
 }

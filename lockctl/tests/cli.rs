@@ -117,10 +117,22 @@ async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, ot
         .expect("the waiter woke at the forced release")
         .expect("task");
     assert!(fence > a.lease().fence());
+    let old = a.lease().fence().to_string();
     assert!(
         !a.release().await.expect("release"),
         "the forced-out holder no longer owns it"
     );
+    // Named by the fence `list` showed: a holder that came in since is left alone.
+    // (The waiter's guard is released as its task ended; wait for that.)
+    let _now = holder
+        .lock("job-a")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("job-a again");
+    let (code, out, err) = run(with(&["release", "job-a", "--force", "--fence", &old])).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(out.contains("held with fence"), "{out}");
     let (code, out, _) = run(with(&["release", "job-a-never", "--force"])).await;
     assert_eq!(code, 1);
     assert!(out.contains("was not locked"), "{out}");

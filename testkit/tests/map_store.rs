@@ -159,13 +159,13 @@ impl LockStore for MapStore {
             .collect())
     }
 
-    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         let removed = {
             let mut t = self.tables.lock().await;
             let now = Instant::now();
-            t.locks
-                .remove(names.record())
-                .is_some_and(|r| r.expires > now)
+            let seen = t.locks.get(names.record());
+            let ours = seen.is_some_and(|r| r.expires > now && r.fence == fence);
+            ours && t.locks.remove(names.record()).is_some()
         };
         if removed {
             self.hub.notify(names.channel());

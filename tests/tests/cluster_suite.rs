@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lock_runtime::LockRuntime;
 use lock_tests::TestStore;
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::cluster());
@@ -114,18 +115,7 @@ async fn releases_are_published_sharded_where_the_servers_have_it() {
         .expect("the waiter task")
         .expect("the waiter got the lock");
     assert!(woken > 0);
-    let mut sharded = 0;
-    let mut classic = 0;
-    for node in &cluster.nodes {
-        sharded += node
-            .command_stat("calls", |c| c == "spublish")
-            .await
-            .expect("INFO commandstats");
-        classic += node
-            .command_stat("calls", |c| c == "publish")
-            .await
-            .expect("INFO commandstats");
-    }
+    let (sharded, classic) = publishes(cluster).await;
     let version = lock_tests::server::server_version();
     if version >= (7, 0) {
         assert!(
@@ -140,4 +130,64 @@ async fn releases_are_published_sharded_where_the_servers_have_it() {
              {classic} PUBLISH"
         );
     }
+}
+
+/// A Cluster whose ACL refuses INFO to the runtime's user (INFO is in the `@dangerous`
+/// category that least-privilege users often lack): the version is unknown, so releases go
+/// out with classic PUBLISH, which every version has; waiters are still woken. (Taking an
+/// unknown version as 7.0 made every release on a 6.2 Cluster fail on SPUBLISH.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_refusing_info_falls_back_to_classic_pub_sub() {
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    for node in &cluster.nodes {
+        let mut conn = node.client().get_connection().expect("connect");
+        let _: () = redis::cmd("ACL")
+            .arg(
+                &[
+                    "SETUSER",
+                    "app",
+                    "on",
+                    ">app-secret",
+                    "~*",
+                    "&*",
+                    "+@all",
+                    "-info",
+                ][..],
+            )
+            .query(&mut conn)
+            .expect("ACL SETUSER");
+    }
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://app:app-secret@127.0.0.1:{}", n.port()))
+        .collect();
+    let runtime = || LockRuntime::builder().redis_cluster(urls.clone()).build();
+    let a = runtime().await.expect("build without INFO");
+    let b = runtime().await.expect("build without INFO");
+    lock_testkit::suite::release_wakes_waiter(&a, &b, "acl-wait").await;
+    let (sharded, classic) = publishes(cluster).await;
+    assert!(
+        classic >= 1 && sharded == 0,
+        "expected classic PUBLISH only, counted {sharded} SPUBLISH and {classic} PUBLISH"
+    );
+}
+
+/// SPUBLISH and PUBLISH calls (scripts' included) that the cluster's nodes counted.
+async fn publishes(cluster: &lock_tests::RedisCluster) -> (u64, u64) {
+    let (mut sharded, mut classic) = (0, 0);
+    for node in &cluster.nodes {
+        sharded += node
+            .command_stat("calls", |c| c == "spublish")
+            .await
+            .expect("INFO commandstats");
+        classic += node
+            .command_stat("calls", |c| c == "publish")
+            .await
+            .expect("INFO commandstats");
+    }
+    (sharded, classic)
 }

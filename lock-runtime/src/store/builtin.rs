@@ -46,8 +46,8 @@ impl LockStore for RedisBackend {
         RedisBackend::list(self, namespace, pattern).await
     }
 
-    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
-        RedisBackend::force_release(self, names).await
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        RedisBackend::force_release(self, names, fence).await
     }
 }
 
@@ -89,7 +89,7 @@ impl LockStore for RedlockBackend {
         RedlockBackend::list(self, namespace, pattern).await
     }
 
-    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
-        RedlockBackend::force_release(self, names).await
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        RedlockBackend::force_release(self, names, fence).await
     }
 }

@@ -31,7 +31,7 @@ trait DynStore: Send + Sync {
         namespace: &'a str,
         pattern: &'a str,
     ) -> StoreFuture<'a, Vec<(String, RecordView)>>;
-    fn force_release<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, bool>;
+    fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -62,8 +62,8 @@ impl<S: LockStore> DynStore for S {
     ) -> StoreFuture<'a, Vec<(String, RecordView)>> {
         Box::pin(LockStore::list(self, namespace, pattern))
     }
-    fn force_release<'a>(&'a self, names: &'a KeyNames) -> StoreFuture<'a, bool> {
-        Box::pin(LockStore::force_release(self, names))
+    fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool> {
+        Box::pin(LockStore::force_release(self, names, fence))
     }
 }
 
@@ -146,8 +146,12 @@ impl CustomStore {
         self.bounded("a listing", limit, call).await
     }
 
-    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
-        let call = self.store.force_release(names);
+    pub(crate) async fn force_release(
+        &self,
+        names: &KeyNames,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let call = self.store.force_release(names, fence);
         self.bounded("a forced release", self.timeout, call).await
     }
 }

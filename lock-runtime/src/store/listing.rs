@@ -82,25 +82,29 @@ pub fn key_of_record(namespace: &str, record: &str) -> Option<String> {
 }
 
 /// A Redis `SCAN ... MATCH` pattern for the records of `namespace` whose key matches
-/// `pattern`: `*` and `?` kept, Redis' other special characters (`[`, `]`, `\`) escaped.
+/// `pattern`: Redis' special characters (`[`, `]`, `\`) escaped, `*` kept, and `?` widened to
+/// `*`, because Redis' `?` stands for one byte and a key's character may take several; the
+/// caller filters what SCAN returns with [`key_matches`].
 pub(crate) fn redis_match(namespace: &str, pattern: &str) -> String {
-    fn escape(text: &str, keep_wildcards: bool) -> String {
+    fn escape(text: &str, wildcards: bool) -> String {
         let mut out = String::with_capacity(text.len());
         for c in text.chars() {
-            let special =
-                matches!(c, '[' | ']' | '\\') || (!keep_wildcards && matches!(c, '*' | '?'));
-            if special {
-                out.push('\\');
+            match c {
+                '*' | '?' if wildcards => out.push('*'),
+                '[' | ']' | '\\' | '*' | '?' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                _ => out.push(c),
             }
-            out.push(c);
         }
         out
     }
     format!("{}:{{{}}}", escape(namespace, false), escape(pattern, true))
 }
 
-/// A SQL `LIKE ... ESCAPE '\'` pattern for the records of `namespace` whose key matches
-/// `pattern`: `*` becomes `%`, `?` becomes `_`, and `%`, `_`, `\` are escaped.
+/// A SQL `LIKE ... ESCAPE '!'` pattern for the records of `namespace` whose key matches
+/// `pattern`: `*` becomes `%`, `?` becomes `_`, and `%`, `_`, `!` are escaped with `!`.
 #[cfg(feature = "postgres")]
 pub(crate) fn like_pattern(namespace: &str, pattern: &str) -> String {
     fn escape(text: &str, out: &mut String, wildcards: bool) {
@@ -108,8 +112,8 @@ pub(crate) fn like_pattern(namespace: &str, pattern: &str) -> String {
             match c {
                 '*' if wildcards => out.push('%'),
                 '?' if wildcards => out.push('_'),
-                '%' | '_' | '\\' => {
-                    out.push('\\');
+                '%' | '_' | '!' => {
+                    out.push('!');
                     out.push(c);
                 }
                 _ => out.push(c),
@@ -204,15 +208,12 @@ mod tests {
     #[test]
     fn store_patterns_escape_what_the_store_would_read_as_special() {
         assert_eq!(redis_match("lock", "a*"), "lock:{a*}");
-        assert_eq!(
-            redis_match("lo[c]k", "x[1]?\\"),
-            "lo\\[c\\]k:{x\\[1\\]?\\\\}"
-        );
-        assert_eq!(redis_match("n*s", "k"), "n\\*s:{k}");
+        assert_eq!(redis_match("lo[c]k", r"x[1]?\"), r"lo\[c\]k:{x\[1\]*\\}");
+        assert_eq!(redis_match("n*s?", "k"), r"n\*s\?:{k}");
         #[cfg(feature = "postgres")]
         {
             assert_eq!(like_pattern("lock", "a*b?"), "lock:{a%b_}");
-            assert_eq!(like_pattern("lo_ck", "50%\\"), "lo\\_ck:{50\\%\\\\}");
+            assert_eq!(like_pattern("lo_ck", r"50%!\"), r"lo!_ck:{50!%!!\}");
         }
     }
 

@@ -279,11 +279,13 @@ impl MemoryStore {
             .collect()
     }
 
-    pub(crate) fn force_release(&self, names: &KeyNames) -> bool {
+    pub(crate) fn force_release(&self, names: &KeyNames, fence: u64) -> bool {
         let now = Instant::now();
         let removed = {
             let mut state = self.state();
-            state.live(&names.record, now).is_some()
+            state
+                .live(&names.record, now)
+                .is_some_and(|r| r.fence == fence)
                 && state.records.remove(&names.record).is_some()
         };
         if removed {
@@ -335,7 +337,7 @@ impl LockStore for MemoryStore {
         Ok(MemoryStore::list(self, namespace, pattern))
     }
 
-    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
-        Ok(MemoryStore::force_release(self, names))
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        Ok(MemoryStore::force_release(self, names, fence))
     }
 }

@@ -387,14 +387,17 @@ pub struct AcquireRequest<'a> {
 ///             .collect())
 ///     }
 ///
-///     async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+///     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
 ///         let now = Instant::now();
-///         let removed = self.state().records.remove(names.record());
-///         let removed = removed.is_some_and(|r| r.until > now);
-///         if removed {
-///             self.hub.notify(names.channel());
+///         let mut s = self.state();
+///         let live = s.records.get(names.record()).filter(|r| r.until > now);
+///         if live.is_none_or(|r| r.fence != fence) {
+///             return Ok(false);
 ///         }
-///         Ok(removed)
+///         s.records.remove(names.record());
+///         drop(s);
+///         self.hub.notify(names.channel());
+///         Ok(true)
 ///     }
 /// }
 ///
@@ -469,12 +472,15 @@ pub trait LockStore: Send + Sync + 'static {
         pattern: &str,
     ) -> impl Future<Output = Result<Vec<(String, RecordView)>, LockError>> + Send;
 
-    /// For operators: removes the lock's live record whatever token it carries and wakes the
-    /// lock's watchers, as a release that frees the lock does; true when there was one. The
-    /// holder learns it at its next renewal. The `once` marker and the fence history stay.
+    /// For operators: removes the lock's live record, whatever token it carries, if it carries
+    /// `fence` (the holder the operator saw), and wakes the lock's watchers as a release that
+    /// frees the lock does; true when it removed one. Conditional on the fence so that a call
+    /// retried or arriving late, after a new holder came in, removes nothing. The holder learns
+    /// it lost the lock at its next renewal. The `once` marker and the fence history stay.
     fn force_release(
         &self,
         names: &KeyNames,
+        fence: u64,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 }
 
@@ -579,13 +585,17 @@ impl Backend {
         Ok(listed)
     }
 
-    /// Removes the lock's record whatever its token, waking its waiters.
-    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+    /// Removes the lock's record if it carries `fence`, whatever its token, waking its waiters.
+    pub(crate) async fn force_release(
+        &self,
+        names: &KeyNames,
+        fence: u64,
+    ) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(r) => LockStore::force_release(r, names).await,
-            Backend::Redlock(r) => LockStore::force_release(r, names).await,
-            Backend::Memory(m) => LockStore::force_release(m, names).await,
-            Backend::Custom(c) => c.force_release(names).await,
+            Backend::Redis(r) => LockStore::force_release(r, names, fence).await,
+            Backend::Redlock(r) => LockStore::force_release(r, names, fence).await,
+            Backend::Memory(m) => LockStore::force_release(m, names, fence).await,
+            Backend::Custom(c) => c.force_release(names, fence).await,
         }
     }
 }

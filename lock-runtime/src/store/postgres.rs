@@ -399,8 +399,8 @@ impl LockStore for PostgresStore {
         self.list_records(namespace, pattern).await
     }
 
-    async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
-        self.force_release_record(names).await
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        self.force_release_record(names, fence).await
     }
 }
 

@@ -205,7 +205,8 @@ impl RedisBackend {
                 .query_async::<()>(&mut conn)
                 .await
                 .map_err(Ok)?;
-            // A server that hides INFO (some proxies) is taken as a current one.
+            // A server that refuses INFO (ACL `-@dangerous`, a rename, some proxies) has an
+            // unknown version: nothing is refused, and a Cluster uses classic pub/sub.
             let info = redis::cmd("INFO")
                 .arg("server")
                 .query_async::<Value>(&mut conn)

@@ -377,13 +377,18 @@ impl RedlockBackend {
         Ok(combine_masters(listed, errors.len(), self.nodes.len()))
     }
 
-    /// Removes the record on every master that answers; true if any had it.
-    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+    /// Removes the record carrying `fence` on every master that answers (the masters of the
+    /// quorum carry the lease's fence); true if any had it.
+    pub(crate) async fn force_release(
+        &self,
+        names: &KeyNames,
+        fence: u64,
+    ) -> Result<bool, LockError> {
         let answers = {
             let names = names.clone();
             self.fan_out(move |node| {
                 let names = names.clone();
-                async move { node.force_release(&names).await }
+                async move { node.force_release(&names, fence).await }
             })
             .await
         };

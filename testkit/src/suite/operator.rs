@@ -11,7 +11,8 @@ use crate::Harness;
 /// `list` shows the held locks of the namespace that match the pattern, with owner, fence and
 /// time left; `force_release` frees a held lock at once: a waiter gets it within seconds
 /// rather than the holder's ttl, the holder learns at its next renewal that it lost it, and
-/// the fence keeps rising.
+/// the fence keeps rising; a forced release naming an earlier holder's fence leaves the new
+/// holder alone.
 pub async fn list_and_force_release<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let b = store.runtime().await;
@@ -74,6 +75,19 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
         woke.duration_since(forced)
     );
     assert!(taken.lease().fence() > one.lease().fence());
+    // The same forced release again (a retry, or a call arriving late) names the fence it was
+    // meant for: the new holder keeps the lock.
+    assert!(
+        !b.force_release_fence("ops:one", one.lease().fence())
+            .await
+            .expect("force release with an old fence")
+    );
+    let still = b.inspect("ops:one").await.expect("inspect").expect("held");
+    assert_eq!(
+        still.fence,
+        taken.lease().fence(),
+        "the new holder was left alone"
+    );
     // The old holder renews every second (ttl / 3) and finds the record gone or another's.
     let deadline = Instant::now() + Duration::from_secs(5);
     while !one.lease().is_lost() {
@@ -93,6 +107,10 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
             .await
             .expect("force release of a free lock")
     );
+    // `?` stands for one character, however many bytes it takes.
+    let wide = take("uni:é", Duration::from_secs(20)).await;
+    assert_eq!(keys(&b.list("uni:?").await.expect("list")), ["uni:é"]);
+    assert!(wide.release().await.expect("release"));
     assert!(taken.release().await.expect("release"));
     assert!(two.release().await.expect("release"));
     assert!(other.release().await.expect("release"));

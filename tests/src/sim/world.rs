@@ -582,7 +582,7 @@ impl LockStore for SimStore {
         Err(BackendError::new("the simulated store does not model listing").into())
     }
 
-    async fn force_release(&self, _: &KeyNames) -> Result<bool, LockError> {
+    async fn force_release(&self, _: &KeyNames, _: u64) -> Result<bool, LockError> {
         Err(BackendError::new("the simulated store does not model forced releases").into())
     }
 }

@@ -45,14 +45,19 @@ impl PostgresStore {
         Ok(listed)
     }
 
-    /// Ends the lock's live row whatever its token and announces the release.
-    pub(super) async fn force_release_record(&self, names: &KeyNames) -> Result<bool, LockError> {
+    /// Ends the lock's live row carrying `fence`, whatever its token, and announces the release.
+    pub(super) async fn force_release_record(
+        &self,
+        names: &KeyNames,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let s = self.shared.session().await?;
         let rows = s
             .client
             .query(
                 &self.shared.table.force_release(),
-                &[&names.record(), &names.channel()],
+                &[&names.record(), &names.channel(), &fence],
             )
             .await
             .map_err(|e| {

@@ -244,27 +244,28 @@ impl Table {
         )
     }
 
-    /// `$1` a `LIKE` pattern of record names (`\` escapes). Every live record it matches:
+    /// `$1` a `LIKE` pattern of record names (`!` escapes: unlike a backslash, it means the
+    /// same whatever `standard_conforming_strings` says). Every live record it matches:
     /// key, owner, fence, remaining ms, held for ms. For operators: a scan is fine.
     pub(super) fn list(&self) -> String {
         format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)
             SELECT r.key, r.owner, r.fence, {left}, {held}
-            FROM {t} r, now WHERE r.key LIKE $1 ESCAPE '\\' AND r.expires_at > now.t",
+            FROM {t} r, now WHERE r.key LIKE $1 ESCAPE '!' AND r.expires_at > now.t",
             t = self.name,
             left = millis("r.expires_at - now.t"),
             held = millis("now.t - r.acquired_at"),
         )
     }
 
-    /// `$1` key, `$2` channel payload. An operator's forced release: the live row, whatever its
-    /// token, ends now and the release is announced. The row stays for its done marker (the
+    /// `$1` key, `$2` channel payload, `$3` fence. An operator's forced release: the live row
+    /// carrying that fence, whatever its token, ends now and the release is announced. The row stays for its done marker (the
     /// sweep deletes it later), and an acquire takes it over in place as any expired row.
     pub(super) fn force_release(&self) -> String {
         format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)
             UPDATE {t} r SET token = NULL, expires_at = now.t, min_hold_until = now.t
-            FROM now WHERE r.key = $1 AND r.expires_at > now.t
+            FROM now WHERE r.key = $1 AND r.fence = $3 AND r.expires_at > now.t
             RETURNING pg_notify('{c}', $2) IS NULL",
             t = self.name,
             c = self.channel,

@@ -2,7 +2,7 @@
 //! SCAN of the records (never KEYS), on every master of a Cluster, and a forced release.
 
 use redis::Value;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use super::super::conn::Conn;
 use super::super::listing::{key_of_record, redis_match};
@@ -25,11 +25,12 @@ impl RedisBackend {
         let records = match &self.conn {
             Conn::Cluster(cluster) => {
                 let mut records = Vec::new();
-                for (host, port) in self.cluster_masters().await? {
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port,
-                    });
+                for (slot, node) in self.cluster_masters().await? {
+                    // Routed by a slot the master serves, so the cluster connection reaches it
+                    // by its own view of the topology, whatever CLUSTER SLOTS says for a host.
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::new(slot, SlotAddr::Master),
+                    ));
                     let mut scan = |cmd: redis::Cmd| {
                         let (route, mut cluster) = (route.clone(), cluster.clone());
                         async move { cluster.route_command(cmd, route).await }
@@ -37,9 +38,12 @@ impl RedisBackend {
                     records.extend(
                         scan_all(&scan_match, &mut scan)
                             .await
-                            .map_err(|e| self.error(&format!("SCAN of {host}:{port}"), e))?,
+                            .map_err(|e| self.error(&format!("SCAN of master {node}"), e))?,
                     );
                 }
+                // A key moving between masters during the scan may be seen on both.
+                records.sort();
+                records.dedup();
                 records
             }
             conn => {
@@ -71,13 +75,18 @@ impl RedisBackend {
         Ok(listed)
     }
 
-    /// Removes the record whatever its token and announces the release.
-    pub(crate) async fn force_release(&self, names: &KeyNames) -> Result<bool, LockError> {
+    /// Removes the record if it carries `fence`, whatever its token, and announces the release.
+    pub(crate) async fn force_release(
+        &self,
+        names: &KeyNames,
+        fence: u64,
+    ) -> Result<bool, LockError> {
         let mut conn = self.conn.clone();
         let removed: i64 = self
             .scripts
             .force_release
             .key(&names.record)
+            .arg(fence)
             .arg(&names.channel)
             .arg(if self.sharded_pubsub { "1" } else { "0" })
             .invoke_async(&mut conn)
@@ -94,29 +103,37 @@ impl RedisBackend {
         }
     }
 
-    /// The masters of the Cluster, as `CLUSTER SLOTS` names them now.
-    async fn cluster_masters(&self) -> Result<Vec<(String, u16)>, LockError> {
+    /// The masters of the Cluster as `CLUSTER SLOTS` names them now: one slot each serves,
+    /// and its node id (or address) for messages.
+    async fn cluster_masters(&self) -> Result<Vec<(u16, String)>, LockError> {
         let mut conn = self.conn.clone();
         let slots: Value = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut conn)
             .await
             .map_err(|e| self.error("CLUSTER SLOTS", e))?;
-        let mut masters = Vec::new();
+        let mut masters: Vec<(u16, String)> = Vec::new();
         if let Value::Array(ranges) = slots {
             for range in ranges {
                 let Value::Array(parts) = range else { continue };
                 // start, end, then the master as [host, port, id, ...], then its replicas.
-                let Some(Value::Array(master)) = parts.get(2) else {
+                let (Some(Value::Int(start)), Some(Value::Array(master))) =
+                    (parts.first(), parts.get(2))
+                else {
                     continue;
                 };
-                if let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1))
-                    && let Ok(port) = u16::try_from(*port)
-                {
-                    let address = (value_text(host), port);
-                    if !masters.contains(&address) {
-                        masters.push(address);
+                let Ok(start) = u16::try_from(*start) else {
+                    continue;
+                };
+                let node = match (master.get(2), master.first(), master.get(1)) {
+                    (Some(id), _, _) => value_text(id),
+                    (None, Some(host), Some(port)) => {
+                        format!("{}:{}", value_text(host), value_text(port))
                     }
+                    _ => continue,
+                };
+                if !masters.iter().any(|(_, known)| *known == node) {
+                    masters.push((start, node));
                 }
             }
         }

@@ -14,9 +14,10 @@ const SHARDED_PUBSUB: (u32, u32) = (7, 0);
 /// A server version as `major.minor.patch`.
 pub(crate) type Version = (u32, u32, u32);
 
-/// The lowest `redis_version` in an `INFO server` reply. A Cluster answers once per node (a
-/// map of node to text), and during a rolling upgrade the nodes differ: the oldest decides
-/// what every node can be asked. Valkey reports the Redis version it is compatible with
+/// The lowest `redis_version` in an `INFO server` reply. Through a Cluster connection INFO
+/// goes to every primary, which answer in a map of node to text; during a rolling upgrade
+/// they differ, and the oldest decides what every node can be asked. (Replicas are not asked:
+/// a replica older than its primary, promoted later, is not seen.) Valkey reports the Redis version it is compatible with
 /// there too (7.2.4 for Valkey 7 and 8). `None` when no version can be read.
 pub(crate) fn lowest(reply: &Value) -> Option<Version> {
     let mut texts = Vec::new();
@@ -24,10 +25,12 @@ pub(crate) fn lowest(reply: &Value) -> Option<Version> {
     texts.iter().filter_map(|text| parse(text)).min()
 }
 
-/// Whether a Cluster whose oldest node is `version` has sharded pub/sub; an unknown version
-/// is taken as a current server.
+/// Whether a Cluster whose oldest node is `version` has sharded pub/sub. An unknown version
+/// (INFO refused: it is in the `@dangerous` ACL category, or renamed) gets classic pub/sub,
+/// which every version has: on a Cluster it is broadcast to every node, slower but never
+/// wrong, where SPUBLISH on a 6.2 node would fail every release.
 pub(crate) fn has_sharded_pubsub(version: Option<Version>) -> bool {
-    version.is_none_or(|(major, minor, _)| (major, minor) >= SHARDED_PUBSUB)
+    version.is_some_and(|(major, minor, _)| (major, minor) >= SHARDED_PUBSUB)
 }
 
 /// Whether `version` is too old for the runtime.
@@ -102,7 +105,10 @@ mod tests {
     #[test]
     fn gates_follow_the_versions() {
         assert!(has_sharded_pubsub(Some((7, 0, 0))));
-        assert!(has_sharded_pubsub(None));
+        assert!(
+            !has_sharded_pubsub(None),
+            "unknown: classic, which every version has"
+        );
         assert!(!has_sharded_pubsub(Some((6, 2, 14))));
         assert!(too_old(Some((6, 0, 20))));
         assert!(too_old(Some((5, 0, 7))));
