@@ -2,10 +2,13 @@
 //! lock-runtime side by side with raw redis-rs, rslock and async-redis-lock, every row against
 //! a baseline measured in the same run.
 //!
-//!     cargo run --release -p lock-bench              # full run (a few minutes)
-//!     cargo run --release -p lock-bench -- --quick   # seconds; what CI runs
-//!     cargo run --release -p lock-bench -- --json results.json
-//!     cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
+//! ```text
+//! cargo run --release -p lock-bench              # full run (a few minutes)
+//! cargo run --release -p lock-bench -- --quick   # seconds; what CI runs
+//! cargo run --release -p lock-bench -- --json results.json
+//! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
+//! cargo run -p lock-bench -- --table results.json       # the README's table from a results file
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,12 +18,14 @@ use lock_runtime::LockRuntime;
 use lock_tests::RedisServer;
 use serde_json::json;
 
+mod handoff;
 mod peers;
 mod pg;
 mod rows;
 mod sys;
+mod table;
 
-use peers::{Impl, RawLock};
+use peers::{Impl, RawLock, rslock_once};
 
 struct Mode {
     name: &'static str,
@@ -40,7 +45,7 @@ struct Mode {
 const FULL: Mode = Mode {
     name: "full",
     pair_duration: Duration::from_secs(2),
-    rounds: 3,
+    rounds: 5,
     handoffs: 200,
     poll_handoffs: 100,
     fairness: Duration::from_secs(10),
@@ -71,8 +76,24 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "MISSED" }
+/// The shared-keys row: tasks, clients per implementation, keys.
+const SHARED_TASKS: usize = 256;
+const SHARED_CLIENTS: usize = 4;
+const SHARED_KEYS: usize = 1000;
+
+/// A watchdog row as JSON.
+fn watchdog_json(w: &rows::WatchdogFigures) -> serde_json::Value {
+    json!({
+        "leases": w.leases,
+        "ttl_s": w.ttl.as_secs_f64(),
+        "held_s": w.held_for.as_secs_f64(),
+        "lost": w.lost,
+        "renewal_calls_per_s": w.renewal_calls_per_s,
+        "leases_renewed_per_s": w.leases_renewed_per_s,
+        "cpu_percent": w.cpu_percent,
+        "peak_rss_mib": w.peak_rss_mib,
+        "rss_before_mib": w.rss_before_mib,
+    })
 }
 
 #[tokio::main]
@@ -86,9 +107,18 @@ async fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--quick" => mode = &QUICK,
             "--postgres-only" => postgres_only = true,
+            "--table" => {
+                let path = iter.next().context("--table needs a results file")?;
+                let text =
+                    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+                let report: serde_json::Value =
+                    serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
+                print!("{}", table::markdown(&report)?);
+                return Ok(());
+            }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only and/or --json PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -97,13 +127,14 @@ async fn main() -> anyhow::Result<()> {
     }
     if postgres_only {
         let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
-        print_pg(&pg);
+        let report = json!({
+            "mode": mode.name,
+            "rounds": mode.rounds,
+            "provenance": sys::provenance(),
+            "postgres": pg_json(&pg),
+        });
+        print!("{}", table::markdown(&report)?);
         if let Some(path) = json_path {
-            let report = json!({
-                "mode": mode.name,
-                "provenance": sys::provenance(),
-                "postgres": pg_json(&pg),
-            });
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             println!("\nwrote {path}");
         }
@@ -149,14 +180,46 @@ async fn main() -> anyhow::Result<()> {
     let one: Vec<f64> = one_t.iter().map(|t| t.pairs_per_s).collect();
     let many: Vec<f64> = many_t.iter().map(|t| t.pairs_per_s).collect();
 
+    // The shared-keys row: 256 tasks on 4 clients (runtimes, connections, managers) of each
+    // implementation, 1,000 keys.
+    let mut shared_clients: Vec<Vec<Arc<Impl>>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..SHARED_CLIENTS {
+        shared_clients[0].push(Arc::new(Impl::Raw(RawLock::connect(&url).await?)));
+        shared_clients[1].push(Arc::new(Impl::Ours(
+            LockRuntime::builder().redis(url.as_str()).build().await?,
+        )));
+        shared_clients[2].push(Arc::new(Impl::Rslock(rslock_once(&url))));
+    }
+    let shared_names: Vec<&str> = shared_clients.iter().map(|c| c[0].name()).collect();
+    let shared_t = rows::shared_keys_table(
+        &server,
+        &shared_clients,
+        SHARED_TASKS,
+        SHARED_KEYS,
+        mode.pair_duration,
+        mode.rounds,
+    )
+    .await?;
+    for client in shared_clients.iter().flatten() {
+        if let Impl::Ours(runtime) = &**client {
+            runtime.shutdown().await;
+        }
+    }
+
     let (ours_p50, ours_p99) = {
         let holder = LockRuntime::builder().redis(url.as_str()).build().await?;
         let waiter = LockRuntime::builder().redis(url.as_str()).build().await?;
-        rows::percentiles(rows::handoff_ours(holder, waiter, mode.handoffs).await?)
+        rows::percentiles(handoff::handoff_ours(holder, waiter, mode.handoffs).await?)
     };
-    let (rs_p50, rs_p99) = rows::percentiles(rows::handoff_rslock(&url, mode.handoffs).await?);
-    let (poll_p50, poll_p99) =
-        rows::percentiles(rows::handoff_poll(&url, mode.poll_handoffs).await?);
+    let (rs_p50, rs_p99) = rows::percentiles(handoff::handoff_rslock(&url, mode.handoffs).await?);
+    let (arl_p50, arl_p99) =
+        rows::percentiles(handoff::handoff_async_redis_lock(&url, mode.poll_handoffs).await?);
+    let (poll5_p50, poll5_p99) = rows::percentiles(
+        handoff::handoff_poll(&url, mode.poll_handoffs, Duration::from_millis(5)).await?,
+    );
+    let (poll_p50, poll_p99) = rows::percentiles(
+        handoff::handoff_poll(&url, mode.poll_handoffs, Duration::from_millis(50)).await?,
+    );
 
     let (macro_ratio, macro_ratio_memory) =
         rows::macro_overhead(&ours_runtime, mode.macro_slices, mode.macro_slice).await?;
@@ -168,81 +231,16 @@ async fn main() -> anyhow::Result<()> {
     let max = counts.iter().copied().max().unwrap_or(0);
     let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
 
-    // Table.
-    println!("| row | implementation | result | vs baseline |");
-    println!("|---|---|---|---|");
-    for (label, rows) in [
-        ("1. pairs/s, 1 task", &one_t),
-        ("2. pairs/s, 64 tasks", &many_t),
-    ] {
-        for (imp, row) in impls.iter().zip(rows.iter()) {
-            println!(
-                "| {label} | {} | {:.0} (server {:.1} us/pair) | {:.2}x |",
-                imp.name(),
-                row.pairs_per_s,
-                row.server_us_per_pair,
-                row.pairs_per_s / rows[0].pairs_per_s
-            );
-        }
-    }
-    println!(
-        "| 3. handoff p50 / p99 | ours (event-driven wait) | {:.2} / {:.2} ms | {:.0}x faster than rslock at p50 |",
-        ms(ours_p50),
-        ms(ours_p99),
-        ms(rs_p50) / ms(ours_p50).max(0.001)
-    );
-    println!(
-        "| 3. handoff p50 / p99 | rslock 0.10 acquire | {:.2} / {:.2} ms | baseline |",
-        ms(rs_p50),
-        ms(rs_p99)
-    );
-    println!(
-        "| 3. handoff p50 / p99 | 50 ms poll loop | {:.2} / {:.2} ms | |",
-        ms(poll_p50),
-        ms(poll_p99)
-    );
-    print_pg(&pg);
-    println!(
-        "| 4. fairness, 16 waiters (4 runtimes x 4), {:?} | ours | acquisitions per waiter min {min} / mean {mean:.1} / max {max} | min = {:.0}% of mean |",
-        mode.fairness,
-        min as f64 / mean.max(1.0) * 100.0
-    );
-    println!(
-        "| 5. watchdog, {} leases ttl 3 s for {:.0} s | ours | lost {}; {:.1} renewal script calls/s (~{:.0} leases renewed/s); CPU {:.1}%; peak RSS {:.1} MiB | |",
-        wd.leases,
-        wd.held_for.as_secs_f64(),
-        wd.lost,
-        wd.renewal_calls_per_s,
-        wd.leases_renewed_per_s,
-        wd.cpu_percent,
-        wd.peak_rss_mib
-    );
-    println!(
-        "| 6. macro overhead, {} alternating slices of {:?} | attribute vs programmatic, 1 task | {macro_ratio:.3}x on Redis, {macro_ratio_memory:.3}x on the memory store | |",
-        mode.macro_slices, mode.macro_slice
-    );
-    println!(
-        "| 7. {} leases ttl {} s for {:.0} s | ours | lost {}; {:.1} renewal script calls/s (~{:.0} leases renewed/s); CPU {:.1}%; peak RSS {:.1} MiB | |",
-        big.leases,
-        big.ttl.as_secs(),
-        big.held_for.as_secs_f64(),
-        big.lost,
-        big.renewal_calls_per_s,
-        big.leases_renewed_per_s,
-        big.cpu_percent,
-        big.peak_rss_mib
-    );
-
     // Targets of the benchmark issue.
     let checks = [
         (
-            "row 1: ours >= 0.9x raw",
-            one[1] / one[0] >= 0.9,
+            "row 1: ours >= 0.95x raw",
+            one[1] / one[0] >= 0.95,
             format!("{:.2}x", one[1] / one[0]),
         ),
         (
-            "row 2: ours >= 0.9x raw",
-            many[1] / many[0] >= 0.9,
+            "row 2: ours >= 1.0x raw",
+            many[1] / many[0] >= 1.0,
             format!("{:.2}x", many[1] / many[0]),
         ),
         (
@@ -251,8 +249,16 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.2}x", many[1] / many[3]),
         ),
         (
-            "row 3: handoff p50 <= 1 ms",
-            ours_p50 <= Duration::from_millis(1),
+            "row 2: server time per pair <= 1.5x raw's",
+            many_t[1].server_us_per_pair <= 1.5 * many_t[0].server_us_per_pair,
+            format!(
+                "{:.1}x",
+                many_t[1].server_us_per_pair / many_t[0].server_us_per_pair.max(0.001)
+            ),
+        ),
+        (
+            "row 3: handoff p50 <= 0.3 ms",
+            ours_p50 <= Duration::from_micros(300),
             format!("{:.2} ms", ms(ours_p50)),
         ),
         (
@@ -272,9 +278,14 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.1} MiB", wd.peak_rss_mib),
         ),
         (
-            "row 6: macro ratio >= 0.97",
+            "row 6: macro ratio >= 0.97 on Redis",
             macro_ratio >= 0.97,
             format!("{macro_ratio:.3}"),
+        ),
+        (
+            "row 6: macro ratio >= 0.9 on the memory store",
+            macro_ratio_memory >= 0.9,
+            format!("{macro_ratio_memory:.3}"),
         ),
         (
             "row 7: 0 leases lost",
@@ -307,85 +318,61 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.2} ms", ms(pg.handoff_p50)),
         ),
     ];
-    println!(
-        "\ntargets ({} mode{}):",
-        mode.name,
-        if cfg!(debug_assertions) {
-            ", debug build"
-        } else {
-            ""
-        }
-    );
-    for (what, ok, value) in &checks {
-        println!("  {:<46} {:<7} {value}", what, verdict(*ok));
-    }
-
+    let names: Vec<&str> = impls.iter().map(|i| i.name()).collect();
+    let spread = |rows: &[rows::Throughput]| {
+        rows.iter()
+            .map(|t| [t.spread.0, t.spread.1])
+            .collect::<Vec<_>>()
+    };
+    let report = json!({
+        "mode": mode.name,
+        "release_build": !cfg!(debug_assertions),
+        "rounds": mode.rounds,
+        "round_seconds": mode.pair_duration.as_secs_f64(),
+        "implementations": names,
+        "pairs_per_s_1_task": one,
+        "pairs_per_s_64_tasks": many,
+        "pairs_per_s_1_task_spread": spread(&one_t),
+        "pairs_per_s_64_tasks_spread": spread(&many_t),
+        "server_us_per_pair_1_task": one_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+        "server_us_per_pair_64_tasks": many_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+        "shared_keys": {
+            "tasks": SHARED_TASKS,
+            "clients": SHARED_CLIENTS,
+            "keys": SHARED_KEYS,
+            "implementations": shared_names,
+            "pairs_per_s": shared_t.iter().map(|t| t.pairs_per_s).collect::<Vec<_>>(),
+            "pairs_per_s_spread": spread(&shared_t),
+            "server_us_per_pair": shared_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+        },
+        "handoff_ms": {
+            "ours": {"p50": ms(ours_p50), "p99": ms(ours_p99), "n": mode.handoffs},
+            "rslock": {"p50": ms(rs_p50), "p99": ms(rs_p99), "n": mode.handoffs},
+            "async_redis_lock": {"p50": ms(arl_p50), "p99": ms(arl_p99), "n": mode.poll_handoffs},
+            "poll_5ms": {"p50": ms(poll5_p50), "p99": ms(poll5_p99), "n": mode.poll_handoffs},
+            "poll_50ms": {"p50": ms(poll_p50), "p99": ms(poll_p99), "n": mode.poll_handoffs},
+        },
+        "fairness": {"seconds": mode.fairness.as_secs_f64(), "counts": counts, "min": min, "mean": mean, "max": max},
+        "watchdog": watchdog_json(&wd),
+        "many_leases": watchdog_json(&big),
+        "macro_overhead": {
+            "slices": mode.macro_slices,
+            "slice_ms": ms(mode.macro_slice),
+            "redis": macro_ratio,
+            "memory_store": macro_ratio_memory,
+        },
+        "provenance": sys::provenance(),
+        "postgres": pg_json(&pg),
+        "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
+    });
+    println!();
+    print!("{}", table::markdown(&report)?);
     if let Some(path) = json_path {
-        let names: Vec<&str> = impls.iter().map(|i| i.name()).collect();
-        let report = json!({
-            "mode": mode.name,
-            "release_build": !cfg!(debug_assertions),
-            "implementations": names,
-            "pairs_per_s_1_task": one,
-            "pairs_per_s_64_tasks": many,
-            "server_us_per_pair_1_task": one_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
-            "server_us_per_pair_64_tasks": many_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
-            "handoff_ms": {
-                "ours": {"p50": ms(ours_p50), "p99": ms(ours_p99)},
-                "rslock": {"p50": ms(rs_p50), "p99": ms(rs_p99)},
-                "poll_50ms": {"p50": ms(poll_p50), "p99": ms(poll_p99)},
-            },
-            "fairness": {"counts": counts, "min": min, "mean": mean, "max": max},
-            "watchdog": {
-                "leases": wd.leases,
-                "held_s": wd.held_for.as_secs_f64(),
-                "lost": wd.lost,
-                "renewal_calls_per_s": wd.renewal_calls_per_s,
-                "cpu_percent": wd.cpu_percent,
-                "peak_rss_mib": wd.peak_rss_mib,
-                "rss_before_mib": wd.rss_before_mib,
-            },
-            "many_leases": {
-                "leases": big.leases,
-                "held_s": big.held_for.as_secs_f64(),
-                "lost": big.lost,
-                "renewal_calls_per_s": big.renewal_calls_per_s,
-                "cpu_percent": big.cpu_percent,
-                "peak_rss_mib": big.peak_rss_mib,
-            },
-            "macro_overhead_ratio": {"redis": macro_ratio, "memory_store": macro_ratio_memory},
-            "provenance": sys::provenance(),
-            "postgres": pg_json(&pg),
-            "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
-        });
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
         println!("\nwrote {path}");
     }
     ours_runtime.shutdown().await;
     Ok(())
-}
-
-/// The PostgreSQL rows of the table.
-fn print_pg(pg: &pg::PgRows) {
-    for (label, row) in [
-        ("1. pairs/s, 1 task, PostgreSQL", pg.one),
-        ("2. pairs/s, 64 tasks, PostgreSQL", pg.many),
-    ] {
-        println!(
-            "| {label} | hand-written INSERT .. ON CONFLICT + DELETE | {:.0} | baseline |",
-            row[0]
-        );
-        println!(
-            "| {label} | ours (programmatic) | {:.0} | {:.2}x |",
-            row[1],
-            row[1] / row[0]
-        );
-    }
-    println!(
-        "| 3. handoff p50 / p99, PostgreSQL | ours (LISTEN/NOTIFY) | {:.2} / {:.2} ms | |",
-        ms(pg.handoff_p50),
-        ms(pg.handoff_p99)
-    );
 }
 
 /// The PostgreSQL rows as JSON.

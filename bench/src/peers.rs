@@ -58,6 +58,14 @@ impl RawLock {
     }
 }
 
+/// An rslock manager that tries once per `lock` call (its default retries three times with
+/// up to 200 ms between tries), so a held key costs it one round trip, as it does the others.
+pub(crate) fn rslock_once(url: &str) -> rslock::LockManager {
+    let mut manager = rslock::LockManager::new(vec![url.to_owned()]);
+    manager.set_retry(1, Duration::ZERO);
+    manager
+}
+
 /// One implementation under test.
 pub(crate) enum Impl {
     Ours(LockRuntime),
@@ -81,6 +89,35 @@ impl Impl {
             Impl::Rslock(_) => "rslock 0.10",
             Impl::AsyncRedisLock(_) => "async-redis-lock 0.4",
             Impl::PgHand(_) => "hand-written INSERT .. ON CONFLICT + DELETE (baseline)",
+        }
+    }
+
+    /// One try for `key` and, when it was free, its release: true when taken and released,
+    /// false when another holder had it (no retry, no wait). For the shared-keys row.
+    pub(crate) async fn try_pair(&self, key: &str) -> anyhow::Result<bool> {
+        match self {
+            Impl::Ours(runtime) => match runtime.lock(key).ttl(TTL).try_acquire().await? {
+                Some(guard) => Ok(guard.release().await?),
+                None => Ok(false),
+            },
+            Impl::Raw(raw) => {
+                let token = uuid::Uuid::new_v4().simple().to_string();
+                if !raw.try_lock(key, &token).await? {
+                    return Ok(false);
+                }
+                raw.unlock(key, &token).await?;
+                Ok(true)
+            }
+            // Built with one try and no retry delay (see `rslock_once`).
+            Impl::Rslock(manager) => match manager.lock(key.as_bytes(), TTL).await {
+                Ok(lock) => {
+                    manager.unlock(&lock).await;
+                    Ok(true)
+                }
+                Err(rslock::LockError::Unavailable) => Ok(false),
+                Err(e) => bail!("rslock: {e:?}"),
+            },
+            other => bail!("{} is not in the shared-keys row", other.name()),
         }
     }
 

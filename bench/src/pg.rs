@@ -123,7 +123,7 @@ pub(crate) async fn measure(
         .build()
         .await?;
     let (handoff_p50, handoff_p99) =
-        rows::percentiles(rows::handoff_ours(holder, waiter, handoffs).await?);
+        rows::percentiles(crate::handoff::handoff_ours(holder, waiter, handoffs).await?);
     ours.shutdown().await;
     drop(impls);
     tokio::task::spawn_blocking(move || drop(server)).await?;

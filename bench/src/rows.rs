@@ -9,7 +9,7 @@ use lock_runtime::LockRuntime;
 use lock_tests::RedisServer;
 use tokio::time::Instant;
 
-use crate::peers::{Impl, RawLock};
+use crate::peers::Impl;
 use crate::sys;
 
 /// Pairs per second of one implementation with `tasks` tasks on distinct keys.
@@ -41,16 +41,31 @@ pub(crate) async fn throughput(
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
-/// One implementation's figures in a throughput row.
+/// One implementation's figures in a throughput row: medians over the rounds, and the spread.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Throughput {
     pub(crate) pairs_per_s: f64,
+    /// The slowest and the fastest round.
+    pub(crate) spread: (f64, f64),
     /// Redis server CPU per pair (from INFO commandstats), in microseconds.
     pub(crate) server_us_per_pair: f64,
 }
 
+impl Throughput {
+    fn of(rates: Vec<f64>, server_us: Vec<f64>) -> Self {
+        let low = rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = rates.iter().copied().fold(0.0, f64::max);
+        Throughput {
+            pairs_per_s: median(rates),
+            spread: (if low.is_finite() { low } else { 0.0 }, high),
+            server_us_per_pair: median(server_us),
+        }
+    }
+}
+
 /// Median pairs/s of each implementation over `rounds` interleaved rounds, so machine noise
-/// hits every implementation alike; with the server's own time per pair.
+/// hits every implementation alike; the order rotates each round, so no implementation always
+/// runs first (on a cold server) or last; with the server's own time per pair.
 pub(crate) async fn throughput_table(
     server: &RedisServer,
     impls: &[Arc<Impl>],
@@ -61,7 +76,8 @@ pub(crate) async fn throughput_table(
     let mut samples = vec![Vec::new(); impls.len()];
     let mut server_us = vec![Vec::new(); impls.len()];
     for round in 0..rounds {
-        for (i, imp) in impls.iter().enumerate() {
+        for i in (0..impls.len()).map(|k| (k + round) % impls.len()) {
+            let imp = &impls[i];
             let tag = format!("t{tasks}-r{round}-i{i}");
             if std::env::var_os("LOCK_BENCH_SERVER_STATS").is_some() {
                 redis::cmd("CONFIG")
@@ -91,10 +107,62 @@ pub(crate) async fn throughput_table(
     Ok(samples
         .into_iter()
         .zip(server_us)
-        .map(|(rates, us)| Throughput {
-            pairs_per_s: median(rates),
-            server_us_per_pair: median(us),
-        })
+        .map(|(rates, us)| Throughput::of(rates, us))
+        .collect())
+}
+
+/// The shared-keys row: `tasks` tasks spread over the clients of each implementation (one
+/// client per runtime: `clients[i]` holds one implementation's 4 clients), each trying keys
+/// of a set of `keys` in a scattered order and releasing what it got; a key another task
+/// holds is skipped (one try, no wait). Pairs/s counts the pairs that got their key.
+/// Rounds interleave and rotate as in `throughput_table`.
+pub(crate) async fn shared_keys_table(
+    server: &RedisServer,
+    clients: &[Vec<Arc<Impl>>],
+    tasks: usize,
+    keys: usize,
+    duration: Duration,
+    rounds: usize,
+) -> anyhow::Result<Vec<Throughput>> {
+    let mut samples = vec![Vec::new(); clients.len()];
+    let mut server_us = vec![Vec::new(); clients.len()];
+    for round in 0..rounds {
+        for i in (0..clients.len()).map(|k| (k + round) % clients.len()) {
+            let before = server_usec(server).await?;
+            let started = Instant::now();
+            let stop = started + duration;
+            let mut handles = Vec::new();
+            for t in 0..tasks {
+                let client = clients[i][t % clients[i].len()].clone();
+                let tag = format!("shared:r{round}:i{i}");
+                handles.push(tokio::spawn(async move {
+                    let mut pairs = 0u64;
+                    let mut n = t;
+                    while Instant::now() < stop {
+                        // A stride coprime with the key count visits every key, in an
+                        // order that differs per task.
+                        n = (n + 7919) % keys;
+                        if client.try_pair(&format!("{tag}:{n}")).await? {
+                            pairs += 1;
+                        }
+                    }
+                    Ok::<u64, anyhow::Error>(pairs)
+                }));
+            }
+            let mut total = 0;
+            for handle in handles {
+                total += handle.await??;
+            }
+            let rate = total as f64 / started.elapsed().as_secs_f64();
+            let spent = server_usec(server).await? - before;
+            samples[i].push(rate);
+            server_us[i].push(spent as f64 / (rate * duration.as_secs_f64()).max(1.0));
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .zip(server_us)
+        .map(|(rates, us)| Throughput::of(rates, us))
         .collect())
 }
 
@@ -117,108 +185,6 @@ pub(crate) fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
         v.get(i).copied().unwrap_or_default()
     };
     (at(0.50), at(0.99))
-}
-
-/// How long the holder keeps the lock before releasing, so the waiter is surely waiting.
-const HOLD_BEFORE_HANDOFF: Duration = Duration::from_millis(20);
-
-/// Handoff latency of ours: from the holder's release returning to the waiter (another
-/// runtime) holding the lock.
-pub(crate) async fn handoff_ours(
-    holder: LockRuntime,
-    waiter: LockRuntime,
-    n: usize,
-) -> anyhow::Result<Vec<Duration>> {
-    let mut latencies = Vec::new();
-    for i in 0..n {
-        let key = format!("handoff:ours:{i}");
-        let guard = holder
-            .lock(&key)
-            .try_acquire()
-            .await?
-            .context("a fresh key was held")?;
-        let waiting = {
-            let waiter = waiter.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let guard = waiter.lock(key).acquire().await?;
-                let at = Instant::now();
-                guard.release().await?;
-                Ok::<Instant, anyhow::Error>(at)
-            })
-        };
-        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
-        guard.release().await?;
-        let released = Instant::now();
-        let acquired = waiting.await??;
-        latencies.push(acquired.saturating_duration_since(released));
-    }
-    holder.shutdown().await;
-    waiter.shutdown().await;
-    Ok(latencies)
-}
-
-/// Handoff latency of rslock's waiting `acquire` (retries with random 0-200 ms delays).
-pub(crate) async fn handoff_rslock(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
-    let holder = rslock::LockManager::new(vec![url.to_owned()]);
-    let waiter = rslock::LockManager::new(vec![url.to_owned()]);
-    let ttl = Duration::from_secs(10);
-    let mut latencies = Vec::new();
-    for i in 0..n {
-        let key = format!("handoff:rslock:{i}");
-        let lock = holder
-            .lock(key.as_bytes(), ttl)
-            .await
-            .map_err(|e| anyhow::anyhow!("rslock: {e:?}"))?;
-        let waiting = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move {
-                let guard = waiter
-                    .acquire(key.as_bytes(), ttl)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("rslock: {e:?}"))?;
-                let at = Instant::now();
-                guard.release().await;
-                Ok::<Instant, anyhow::Error>(at)
-            })
-        };
-        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
-        holder.unlock(&lock).await;
-        let released = Instant::now();
-        let acquired = waiting.await??;
-        latencies.push(acquired.saturating_duration_since(released));
-    }
-    Ok(latencies)
-}
-
-/// Handoff latency of a plain poll loop: SET NX PX every 50 ms until it succeeds.
-pub(crate) async fn handoff_poll(url: &str, n: usize) -> anyhow::Result<Vec<Duration>> {
-    let raw = Arc::new(RawLock::connect(url).await?);
-    let mut latencies = Vec::new();
-    for i in 0..n {
-        let key = format!("handoff:poll:{i}");
-        let token = format!("holder-{i}");
-        anyhow::ensure!(raw.try_lock(&key, &token).await?, "a fresh key was held");
-        let waiting = {
-            let raw = raw.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let mine = format!("waiter-{i}");
-                while !raw.try_lock(&key, &mine).await? {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let at = Instant::now();
-                raw.unlock(&key, &mine).await?;
-                Ok::<Instant, anyhow::Error>(at)
-            })
-        };
-        tokio::time::sleep(HOLD_BEFORE_HANDOFF).await;
-        raw.unlock(&key, &token).await?;
-        let released = Instant::now();
-        let acquired = waiting.await??;
-        latencies.push(acquired.saturating_duration_since(released));
-    }
-    Ok(latencies)
 }
 
 /// Fairness: `runtimes` x `per_runtime` waiters loop on one key with a 1 ms hold; returns the
@@ -317,12 +283,14 @@ pub(crate) async fn watchdog_scale(
         handle.await??;
     }
     let calls_before = script_calls(server).await?;
+    let renewed_before = renewals(server).await?;
     let cpu_before = sys::cpu_time();
     let started = Instant::now();
     tokio::time::sleep(hold).await;
     let held_for = started.elapsed();
     let cpu = sys::cpu_time().saturating_sub(cpu_before);
     let calls = script_calls(server).await? - calls_before;
+    let renewed = renewals(server).await? - renewed_before;
     let guards = std::mem::take(&mut *guards.lock().await);
     let lost = guards.iter().filter(|g| g.lease().is_lost()).count();
     let peak_rss_mib = sys::peak_rss_mib();
@@ -334,11 +302,18 @@ pub(crate) async fn watchdog_scale(
         held_for,
         lost,
         renewal_calls_per_s: calls as f64 / held_for.as_secs_f64(),
-        leases_renewed_per_s: leases as f64 / (ttl.as_secs_f64() / 3.0),
+        leases_renewed_per_s: renewed as f64 / held_for.as_secs_f64(),
         cpu_percent: cpu.as_secs_f64() / held_for.as_secs_f64() * 100.0,
         peak_rss_mib,
         rss_before_mib,
     })
+}
+
+/// Leases renewed so far, as the server counts them: the renewal script runs one PEXPIRE for
+/// each lease it renews (its token matched and its expiry moved on), and nothing else runs
+/// PEXPIRE while the row holds its leases.
+async fn renewals(server: &RedisServer) -> anyhow::Result<u64> {
+    Ok(server.command_stat("calls", |c| c == "pexpire").await?)
 }
 
 /// Script calls (EVALSHA + EVAL) executed by the server so far.
