@@ -142,6 +142,18 @@ async fn main() -> anyhow::Result<()> {
     }
     let server = RedisServer::start();
     let url = server.url();
+    let redis_version: String = {
+        let mut conn = server.client().get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_owned()
+    };
     println!("lock-bench ({} mode), redis-server at {url}\n", mode.name);
 
     // Row 5 first, so its peak RSS is not inflated by the other rows.
@@ -327,6 +339,7 @@ async fn main() -> anyhow::Result<()> {
     let report = json!({
         "mode": mode.name,
         "release_build": !cfg!(debug_assertions),
+        "redis_version": redis_version,
         "rounds": mode.rounds,
         "round_seconds": mode.pair_duration.as_secs_f64(),
         "implementations": names,

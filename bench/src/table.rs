@@ -34,8 +34,8 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
     let rounds = r.get("rounds").and_then(Value::as_u64).unwrap_or(0);
     writeln!(
         out,
-        "Run of commit {} on {} ({} mode, {} build; {}, {} cores; {}); medians of {rounds} \
-         rounds, implementations rotating their order each round.\n",
+        "Run of commit {} on {} ({} mode, {} build; {}, {} cores; {}; Redis {}); medians of \
+         {rounds} rounds, implementations rotating their order each round.\n",
         text(r, "/provenance/commit"),
         text(r, "/provenance/date"),
         text(r, "/mode"),
@@ -49,6 +49,7 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
             .and_then(Value::as_u64)
             .unwrap_or(0),
         text(r, "/provenance/rustc"),
+        text(r, "/redis_version"),
     )?;
     writeln!(out, "| row | implementation | result | vs baseline |")?;
     writeln!(out, "|---|---|---|---|")?;
