@@ -59,6 +59,8 @@ cargo run -q --locked -p lock-tests --bin with_postgres -- \
 cargo run -q --locked -p lock-tests --bin with_postgres -- \
     cargo run -q --locked -p lock-examples --example multi_process
 
+# The README's benchmark table is the one its results file gives (no hand edits).
+./scripts/bench-table.sh --check
 # The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
 # quoted anywhere; the README's table comes from a full release run).
 cargo run -q --locked -p lock-bench -- --quick
