@@ -40,6 +40,12 @@ cargo test -p lock-runtime --lib --features postgres --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The publishable crates, packaged and each built from its package alone (as crates.io would
 # get them; lock-macros and lock-runtime come from a temporary local registry).
+# Cargo keeps what it unpacked from that temporary registry by name and version, so a second
+# run on one machine would verify against the first run's sources: remove those copies first
+# (only the ones from such a local registry, whose directory names start with `-`; crates.io's
+# cache is left alone).
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-macros-* \
+    "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-runtime-*
 cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
 cargo test --workspace --locked
 # The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2

@@ -279,8 +279,14 @@ impl LockRuntime {
     /// remove exactly the holder you saw (in [`list`](Self::list), say), use
     /// [`force_release_fence`](Self::force_release_fence).
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        match self.inspect(key).await? {
-            Some(holder) => self.force_release_fence(key, holder.fence).await,
+        if let Some(holder) = self.inspect(key).await? {
+            return self.force_release_fence(key, holder.fence).await;
+        }
+        // No holder by `inspect`; on Redlock a record may still stand on fewer masters than a
+        // quorum and keep the lock from a new quorum: the listing shows it, so clear that.
+        let listed = self.list(key).await?;
+        match listed.iter().find(|lock| lock.key == key) {
+            Some(leftover) => self.force_release_fence(key, leftover.fence).await,
             None => Ok(false),
         }
     }

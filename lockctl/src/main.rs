@@ -185,16 +185,18 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
 }
 
 /// The URLs of repeated options, each of which may hold several separated by commas. Split
-/// only where a comma starts another `redis://` or `rediss://` URL: a comma may stand
-/// unencoded in a password, and a URL cut there would show part of it in an error.
+/// only where a comma starts another URL (`scheme://`: redis, rediss, valkey, unix, ...): a
+/// comma may stand unencoded in a password, and a URL cut there would show part of it in an
+/// error.
 fn split_urls(values: &[String]) -> Vec<String> {
     let mut urls = Vec::new();
     for value in values {
         let mut rest = value.as_str();
         loop {
-            let next = rest.match_indices(',').map(|(i, _)| i).find(|&i| {
-                rest[i + 1..].starts_with("redis://") || rest[i + 1..].starts_with("rediss://")
-            });
+            let next = rest
+                .match_indices(',')
+                .map(|(i, _)| i)
+                .find(|&i| starts_a_url(&rest[i + 1..]));
             match next {
                 Some(i) => {
                     urls.push(rest[..i].to_owned());
@@ -211,6 +213,17 @@ fn split_urls(values: &[String]) -> Vec<String> {
     urls
 }
 
+/// Whether `text` begins with `scheme://`, a scheme being a letter and then letters, digits,
+/// `+`, `-` or `.`.
+fn starts_a_url(text: &str) -> bool {
+    let Some((scheme, _)) = text.split_once("://") else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_urls;
@@ -220,10 +233,17 @@ mod tests {
         let given = [
             "redis://a:1,rediss://b:2".to_owned(),
             "redis://:pa,ss@c:3".to_owned(),
+            "valkey://d:4,redis+unix:///tmp/r.sock".to_owned(),
         ];
         assert_eq!(
             split_urls(&given),
-            ["redis://a:1", "rediss://b:2", "redis://:pa,ss@c:3"]
+            [
+                "redis://a:1",
+                "rediss://b:2",
+                "redis://:pa,ss@c:3",
+                "valkey://d:4",
+                "redis+unix:///tmp/r.sock"
+            ]
         );
     }
 }

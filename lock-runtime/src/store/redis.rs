@@ -206,7 +206,7 @@ impl RedisBackend {
                 .await
                 .map_err(Ok)?;
             // A server that refuses INFO (ACL `-@dangerous`, a rename, some proxies) has an
-            // unknown version: nothing is refused, and a Cluster uses classic pub/sub.
+            // unknown version, and nothing is refused.
             let info = redis::cmd("INFO")
                 .arg("server")
                 .query_async::<Value>(&mut conn)
@@ -221,13 +221,21 @@ impl RedisBackend {
                      runtime needs Redis {min_major}.{min_minor} or newer (or Valkey)"
                 ))));
             }
-            Ok::<_, Result<redis::RedisError, LockError>>((conn, found))
+            // Sharded pub/sub is asked of the servers themselves rather than read from the
+            // version: every runtime of a deployment must choose alike (a sharded release
+            // never reaches a classic subscriber), whether or not its user may run INFO.
+            let sharded = if options.cluster {
+                version::answers_spublish(&mut conn).await.map_err(Ok)?
+            } else {
+                false
+            };
+            Ok::<_, Result<redis::RedisError, LockError>>((conn, sharded))
         };
         let failure: LockError = match tokio::time::timeout(options.connect_timeout, connect).await
         {
-            Ok(Ok((conn, found))) => {
+            Ok(Ok((conn, sharded))) => {
                 let backend = RedisBackend {
-                    sharded_pubsub: options.cluster && version::has_sharded_pubsub(found),
+                    sharded_pubsub: sharded,
                     conn,
                     options,
                     secrets,

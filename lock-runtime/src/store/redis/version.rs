@@ -1,5 +1,5 @@
-//! The server's version, read once when a store connects: what decides whether a Cluster's
-//! waiters can use sharded pub/sub, and what refuses a server too old to serve the runtime.
+//! What the servers can do, found out once when a store connects: the version (a server too
+//! old for the runtime is refused), and whether a Cluster's waiters can use sharded pub/sub.
 
 use redis::Value;
 
@@ -8,29 +8,42 @@ use redis::Value;
 /// suite), so anything older is refused at `build()` rather than failing in some later call.
 pub(crate) const MINIMUM: (u32, u32) = (6, 2);
 
-/// Sharded pub/sub (SPUBLISH / SSUBSCRIBE) came with Redis 7.0.
-const SHARDED_PUBSUB: (u32, u32) = (7, 0);
-
 /// A server version as `major.minor.patch`.
 pub(crate) type Version = (u32, u32, u32);
 
 /// The lowest `redis_version` in an `INFO server` reply. Through a Cluster connection INFO
 /// goes to every primary, which answer in a map of node to text; during a rolling upgrade
 /// they differ, and the oldest decides what every node can be asked. (Replicas are not asked:
-/// a replica older than its primary, promoted later, is not seen.) Valkey reports the Redis version it is compatible with
-/// there too (7.2.4 for Valkey 7 and 8). `None` when no version can be read.
+/// a replica older than its primary, promoted later, is not seen.) Valkey reports the Redis
+/// version it is compatible with there (7.2.4 for Valkey 7 and 8). `None` when no version
+/// can be read.
 pub(crate) fn lowest(reply: &Value) -> Option<Version> {
     let mut texts = Vec::new();
     collect_texts(reply, &mut texts);
     texts.iter().filter_map(|text| parse(text)).min()
 }
 
-/// Whether a Cluster whose oldest node is `version` has sharded pub/sub. An unknown version
-/// (INFO refused: it is in the `@dangerous` ACL category, or renamed) gets classic pub/sub,
+/// Whether the servers take SPUBLISH (Redis 7.0 and newer, Valkey): one SPUBLISH to a channel
+/// nobody listens on. An unknown command (6.2) or any other refusal means classic pub/sub,
 /// which every version has: on a Cluster it is broadcast to every node, slower but never
-/// wrong, where SPUBLISH on a 6.2 node would fail every release.
-pub(crate) fn has_sharded_pubsub(version: Option<Version>) -> bool {
-    version.is_some_and(|(major, minor, _)| (major, minor) >= SHARDED_PUBSUB)
+/// wrong. Asked rather than read from INFO, which least-privilege users often may not run
+/// (`@dangerous`): runtimes whose users differ there must still choose alike, since a sharded
+/// release never reaches a classic subscriber. Only the server's own refusal counts as "no";
+/// a connection that fails meanwhile is an error, so that no runtime settles on classic pub/sub
+/// by accident while the others use sharded.
+pub(crate) async fn answers_spublish<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+) -> redis::RedisResult<bool> {
+    match redis::cmd("SPUBLISH")
+        .arg("lock-runtime:probe")
+        .arg("")
+        .query_async::<i64>(conn)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if e.code().is_some() => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `version` is too old for the runtime.
@@ -98,18 +111,11 @@ mod tests {
         ]);
         let version = lowest(&reply);
         assert_eq!(version, Some((6, 2, 14)));
-        assert!(!has_sharded_pubsub(version));
         assert!(!too_old(version));
     }
 
     #[test]
     fn gates_follow_the_versions() {
-        assert!(has_sharded_pubsub(Some((7, 0, 0))));
-        assert!(
-            !has_sharded_pubsub(None),
-            "unknown: classic, which every version has"
-        );
-        assert!(!has_sharded_pubsub(Some((6, 2, 14))));
         assert!(too_old(Some((6, 0, 20))));
         assert!(too_old(Some((5, 0, 7))));
         assert!(!too_old(Some((6, 2, 0))));
