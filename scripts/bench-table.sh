@@ -18,6 +18,10 @@ if [ -z "$file" ]; then
     echo "README.md has no '<!-- bench-table: FILE -->' marker" >&2
     exit 1
 fi
+if [ "$(grep -c '^<!-- bench-table: ' README.md)" != 1 ] || [ "$(grep -c '^<!-- /bench-table -->$' README.md)" != 1 ]; then
+    echo "README.md needs exactly one '<!-- bench-table: FILE -->' and one '<!-- /bench-table -->' line" >&2
+    exit 1
+fi
 table=$(mktemp)
 readme=$(mktemp)
 trap 'rm -f "$table" "$readme"' EXIT

@@ -203,7 +203,7 @@ async fn main() -> anyhow::Result<()> {
         shared_clients[2].push(Arc::new(Impl::Rslock(rslock_once(&url))));
     }
     let shared_names: Vec<&str> = shared_clients.iter().map(|c| c[0].name()).collect();
-    let shared_t = rows::shared_keys_table(
+    let (shared_t, shared_tries) = rows::shared_keys_table(
         &server,
         &shared_clients,
         SHARED_TASKS,
@@ -347,6 +347,7 @@ async fn main() -> anyhow::Result<()> {
         "pairs_per_s_64_tasks": many,
         "pairs_per_s_1_task_spread": spread(&one_t),
         "pairs_per_s_64_tasks_spread": spread(&many_t),
+        "server_time": "the Redis process's CPU time (user + system, INFO cpu) per pair",
         "server_us_per_pair_1_task": one_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
         "server_us_per_pair_64_tasks": many_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
         "shared_keys": {
@@ -357,6 +358,8 @@ async fn main() -> anyhow::Result<()> {
             "pairs_per_s": shared_t.iter().map(|t| t.pairs_per_s).collect::<Vec<_>>(),
             "pairs_per_s_spread": spread(&shared_t),
             "server_us_per_pair": shared_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+            "tries": shared_tries.iter().map(|t| t[0]).collect::<Vec<_>>(),
+            "tries_held": shared_tries.iter().map(|t| t[1]).collect::<Vec<_>>(),
         },
         "handoff_ms": {
             "ours": {"p50": ms(ours_p50), "p99": ms(ours_p99), "n": mode.handoffs},

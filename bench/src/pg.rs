@@ -85,7 +85,11 @@ async fn table(
         for k in 0..2 {
             let i = (round + k) % 2;
             let tag = format!("pg-t{tasks}-r{round}-i{i}");
-            samples[i].push(rows::throughput(impls[i].clone(), tasks, duration, &tag).await?);
+            samples[i].push(
+                rows::throughput(impls[i].clone(), tasks, duration, &tag)
+                    .await?
+                    .0,
+            );
         }
     }
     Ok(samples.map(rows::median))

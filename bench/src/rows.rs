@@ -18,7 +18,7 @@ pub(crate) async fn throughput(
     tasks: usize,
     duration: Duration,
     tag: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, u64)> {
     let started = Instant::now();
     let stop = started + duration;
     let mut handles = Vec::new();
@@ -38,7 +38,7 @@ pub(crate) async fn throughput(
     for handle in handles {
         total += handle.await??;
     }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    Ok((total as f64 / started.elapsed().as_secs_f64(), total))
 }
 
 /// One implementation's figures in a throughput row: medians over the rounds, and the spread.
@@ -47,7 +47,8 @@ pub(crate) struct Throughput {
     pub(crate) pairs_per_s: f64,
     /// The slowest and the fastest round.
     pub(crate) spread: (f64, f64),
-    /// Redis server CPU per pair (from INFO commandstats), in microseconds.
+    /// The Redis server process's CPU time per pair (user + system, from INFO cpu), in
+    /// microseconds.
     pub(crate) server_us_per_pair: f64,
 }
 
@@ -87,9 +88,9 @@ pub(crate) async fn throughput_table(
                     )
                     .await?;
             }
-            let before = server_usec(server).await?;
-            let rate = throughput(imp.clone(), tasks, duration, &tag).await?;
-            let spent = server_usec(server).await? - before;
+            let before = server_cpu_us(server).await?;
+            let (rate, pairs) = throughput(imp.clone(), tasks, duration, &tag).await?;
+            let spent = server_cpu_us(server).await? - before;
             if std::env::var_os("LOCK_BENCH_SERVER_STATS").is_some() {
                 let info: String = redis::cmd("INFO")
                     .arg("commandstats")
@@ -101,7 +102,7 @@ pub(crate) async fn throughput_table(
                 );
             }
             samples[i].push(rate);
-            server_us[i].push(spent as f64 / (rate * duration.as_secs_f64()).max(1.0));
+            server_us[i].push(spent as f64 / (pairs as f64).max(1.0));
         }
     }
     Ok(samples
@@ -113,9 +114,10 @@ pub(crate) async fn throughput_table(
 
 /// The shared-keys row: `tasks` tasks spread over the clients of each implementation (one
 /// client per runtime: `clients[i]` holds one implementation's 4 clients), each trying keys
-/// of a set of `keys` in a scattered order and releasing what it got; a key another task
-/// holds is skipped (one try, no wait). Pairs/s counts the pairs that got their key.
-/// Rounds interleave and rotate as in `throughput_table`.
+/// of a set of `keys` in an order of its own (a seeded random walk) and releasing what it
+/// got; a key another task holds is skipped (one try, no wait). Pairs/s counts the pairs that
+/// got their key; the tries that found it held are counted too. Rounds interleave and rotate
+/// as in `throughput_table`.
 pub(crate) async fn shared_keys_table(
     server: &RedisServer,
     clients: &[Vec<Arc<Impl>>],
@@ -123,12 +125,14 @@ pub(crate) async fn shared_keys_table(
     keys: usize,
     duration: Duration,
     rounds: usize,
-) -> anyhow::Result<Vec<Throughput>> {
+) -> anyhow::Result<(Vec<Throughput>, Vec<[u64; 2]>)> {
     let mut samples = vec![Vec::new(); clients.len()];
     let mut server_us = vec![Vec::new(); clients.len()];
+    // Per implementation, over all rounds: tries, and tries that found the key held.
+    let mut tries = vec![[0u64; 2]; clients.len()];
     for round in 0..rounds {
         for i in (0..clients.len()).map(|k| (k + round) % clients.len()) {
-            let before = server_usec(server).await?;
+            let before = server_cpu_us(server).await?;
             let started = Instant::now();
             let stop = started + duration;
             let mut handles = Vec::new();
@@ -136,40 +140,61 @@ pub(crate) async fn shared_keys_table(
                 let client = clients[i][t % clients[i].len()].clone();
                 let tag = format!("shared:r{round}:i{i}");
                 handles.push(tokio::spawn(async move {
-                    let mut pairs = 0u64;
-                    let mut n = t;
+                    let (mut pairs, mut held) = (0u64, 0u64);
+                    // xorshift64, seeded per task: every task walks the keys in an order of
+                    // its own, so tasks meet on keys as independent clients would.
+                    let mut state = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                     while Instant::now() < stop {
-                        // A stride coprime with the key count visits every key, in an
-                        // order that differs per task.
-                        n = (n + 7919) % keys;
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        let n = state % keys as u64;
                         if client.try_pair(&format!("{tag}:{n}")).await? {
                             pairs += 1;
+                        } else {
+                            held += 1;
                         }
                     }
-                    Ok::<u64, anyhow::Error>(pairs)
+                    Ok::<(u64, u64), anyhow::Error>((pairs, held))
                 }));
             }
-            let mut total = 0;
+            let (mut total, mut held) = (0, 0);
             for handle in handles {
-                total += handle.await??;
+                let (pairs, missed) = handle.await??;
+                total += pairs;
+                held += missed;
             }
             let rate = total as f64 / started.elapsed().as_secs_f64();
-            let spent = server_usec(server).await? - before;
+            let spent = server_cpu_us(server).await? - before;
             samples[i].push(rate);
-            server_us[i].push(spent as f64 / (rate * duration.as_secs_f64()).max(1.0));
+            // Every try costs the server, the held ones too: time per pair that got its key.
+            server_us[i].push(spent as f64 / (total as f64).max(1.0));
+            tries[i][0] += total + held;
+            tries[i][1] += held;
         }
     }
-    Ok(samples
+    let rows = samples
         .into_iter()
         .zip(server_us)
         .map(|(rates, us)| Throughput::of(rates, us))
-        .collect())
+        .collect();
+    Ok((rows, tries))
 }
 
-/// Microseconds the server spent executing commands so far (the INFO queries themselves left
-/// out).
-async fn server_usec(server: &RedisServer) -> anyhow::Result<u64> {
-    Ok(server.command_stat("usec", |c| c != "info").await?)
+/// The server process's CPU time so far (user + system, INFO cpu), in microseconds:
+/// everything it did for its clients, networking included, each piece counted once. (Summing
+/// INFO commandstats would count a script's inner commands twice: the script's time already
+/// holds theirs.)
+async fn server_cpu_us(server: &RedisServer) -> anyhow::Result<u64> {
+    let mut conn = server.client().get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(((field("used_cpu_sys:") + field("used_cpu_user:")) * 1e6) as u64)
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -348,7 +373,7 @@ pub(crate) async fn macro_overhead(
                 [(&attribute, false), (&programmatic, true)]
             };
             for (imp, is_programmatic) in order {
-                let rate = throughput(imp.clone(), 1, slice, &format!("macro-{i}")).await?;
+                let (rate, _) = throughput(imp.clone(), 1, slice, &format!("macro-{i}")).await?;
                 if is_programmatic {
                     p_total += rate;
                 } else {

@@ -77,6 +77,13 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
 }
 
 fn redis_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
+    // Files before `server_time` summed INFO commandstats (which counts a script's inner
+    // commands twice); later ones record the server process's CPU time. Say which.
+    let server = if r.get("server_time").is_some() {
+        "server CPU"
+    } else {
+        "server, commandstats"
+    };
     let names: Vec<&str> = r
         .get("implementations")
         .and_then(Value::as_array)
@@ -93,7 +100,7 @@ fn redis_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
             let rate = num(r, &format!("/pairs_per_s_{key}/{i}"))?;
             writeln!(
                 out,
-                "| {label} | {name} | {rate:.0} (rounds {}; server {:.1} us/pair) | {:.2}x |",
+                "| {label} | {name} | {rate:.0} (rounds {}; {server} {:.1} us/pair) | {:.2}x |",
                 spread(r, &format!("/pairs_per_s_{key}_spread"), i),
                 num(r, &format!("/server_us_per_pair_{key}/{i}"))?,
                 rate / base.max(1e-9)
@@ -114,9 +121,26 @@ fn redis_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
             .context("no shared-keys implementations")?;
         for (i, name) in names.iter().enumerate() {
             let rate = num(shared, &format!("/pairs_per_s/{i}"))?;
+            // Files before `tries` did not count the tries that found a key held.
+            let held = match (
+                shared
+                    .pointer(&format!("/tries/{i}"))
+                    .and_then(Value::as_f64),
+                shared
+                    .pointer(&format!("/tries_held/{i}"))
+                    .and_then(Value::as_f64),
+            ) {
+                (Some(tries), Some(held)) => {
+                    format!(
+                        "; {:.1}% of tries found the key held",
+                        held / tries.max(1.0) * 100.0
+                    )
+                }
+                _ => String::new(),
+            };
             writeln!(
                 out,
-                "| {label} | {} | {rate:.0} (rounds {}; server {:.1} us/pair) | {:.2}x |",
+                "| {label} | {} | {rate:.0} (rounds {}; {server} {:.1} us/pair{held}) | {:.2}x |",
                 name.as_str().unwrap_or("?"),
                 spread(shared, "/pairs_per_s_spread", i),
                 num(shared, &format!("/server_us_per_pair/{i}"))?,
@@ -181,13 +205,11 @@ fn watchdog_row(r: &Value, out: &mut String, row: &str, key: &str) -> anyhow::Re
         out,
         "| {row}, {:.0} leases ttl {:.0} s for {:.0} s | ours | lost {:.0}; {:.1} renewal script calls/s, {:.0} leases renewed/s (counted by the server); CPU {:.1}%; peak RSS {:.1} MiB | |",
         num(w, "/leases")?,
-        w.get("ttl_s").and_then(Value::as_f64).unwrap_or(0.0),
+        num(w, "/ttl_s")?,
         num(w, "/held_s")?,
         num(w, "/lost")?,
         num(w, "/renewal_calls_per_s")?,
-        w.get("leases_renewed_per_s")
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0),
+        num(w, "/leases_renewed_per_s")?,
         num(w, "/cpu_percent")?,
         num(w, "/peak_rss_mib")?,
     )?;
