@@ -9,7 +9,7 @@ use crate::config::{
 };
 use crate::runtime::MetricsLabel;
 use crate::store::{
-    Backend, CustomStore, DEFAULT_NODE_TIMEOUT, LockStore, RedisBackend, RedisOptions,
+    Backend, CustomStore, DEFAULT_NODE_TIMEOUT, DynStore, LockStore, RedisBackend, RedisOptions,
     RedlockBackend,
 };
 #[cfg(feature = "postgres")]
@@ -46,6 +46,7 @@ enum StoreChoice {
     Cluster(Vec<String>),
     Sentinel(String, Vec<String>),
     Redlock(Vec<String>),
+    RedlockStores(Vec<Arc<dyn DynStore>>),
     Memory(MemoryStore),
     Custom(CustomStore),
     #[cfg(feature = "postgres")]
@@ -59,6 +60,7 @@ impl StoreChoice {
             StoreChoice::Cluster(_) => "redis_cluster",
             StoreChoice::Sentinel(..) => "redis_sentinel",
             StoreChoice::Redlock(_) => "redlock",
+            StoreChoice::RedlockStores(_) => "redlock_stores",
             StoreChoice::Memory(_) => "memory",
             StoreChoice::Custom(_) => "store",
             #[cfg(feature = "postgres")]
@@ -92,6 +94,9 @@ impl std::fmt::Debug for LockRuntimeBuilder {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            Some(StoreChoice::RedlockStores(stores)) => {
+                format!("redlock_stores({} stores)", stores.len())
+            }
             Some(StoreChoice::Memory(_)) => "memory".to_owned(),
             Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
             #[cfg(feature = "postgres")]
@@ -193,8 +198,28 @@ impl LockRuntimeBuilder {
         ))
     }
 
-    /// With [`redlock`](Self::redlock): how long one master may take to answer before it
-    /// counts as failed for that call (default 250 ms).
+    /// Redlock over stores of any kind: the same quorum, fences and fan-out as
+    /// [`redlock`](Self::redlock), with each member a [`LockStore`] the caller built (at least
+    /// 3, independent of each other). Every member must implement
+    /// [`LockStore::raise_fence`]; the built-in [`MemoryStore`] does, so a quorum of memory
+    /// stores lets a test exercise Redlock's logic without servers. Each call of a member is
+    /// bounded by [`node_timeout`](Self::node_timeout).
+    pub fn redlock_stores<I, S>(self, stores: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: LockStore,
+    {
+        self.set_store(StoreChoice::RedlockStores(
+            stores
+                .into_iter()
+                .map(|s| Arc::new(s) as Arc<dyn DynStore>)
+                .collect(),
+        ))
+    }
+
+    /// With [`redlock`](Self::redlock) or [`redlock_stores`](Self::redlock_stores): how long
+    /// one member may take to answer before it counts as failed for that call (default
+    /// 250 ms).
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -394,6 +419,11 @@ impl LockRuntimeBuilder {
                 }))
                 .await?;
                 Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))
+            }
+            Some(StoreChoice::RedlockStores(stores)) => {
+                let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
+                check_ttl("node_timeout", node_timeout)?;
+                Backend::Redlock(RedlockBackend::from_stores(stores, node_timeout)?)
             }
             Some(StoreChoice::Redlock(urls)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);

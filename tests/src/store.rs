@@ -14,6 +14,8 @@ pub enum TestStore {
     /// One memory store plugged in through the public `LockStore` trait
     /// (`.store(..)`), as a third-party store would be.
     Plugged(MemoryStore),
+    /// Three memory stores as the members of one Redlock quorum (`.redlock_stores(..)`).
+    RedlockMemory(Vec<MemoryStore>),
     /// A redis-server started for the test.
     Redis(RedisServer),
     /// Five independent redis-servers, locked by Redlock quorum.
@@ -37,6 +39,11 @@ impl TestStore {
     /// A fresh memory store, plugged in through the public `LockStore` trait.
     pub fn plugged() -> Self {
         TestStore::Plugged(MemoryStore::new())
+    }
+
+    /// Three fresh memory stores, locked by Redlock quorum.
+    pub fn redlock_memory() -> Self {
+        TestStore::RedlockMemory((0..3).map(|_| MemoryStore::new()).collect())
     }
 
     /// A fresh redis-server.
@@ -71,6 +78,7 @@ impl TestStore {
         let builder = match self {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Plugged(store) => builder.store(store.clone()),
+            TestStore::RedlockMemory(stores) => builder.redlock_stores(stores.iter().cloned()),
             TestStore::Redis(server) => builder.redis(server.url()),
             TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
             TestStore::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
@@ -89,6 +97,7 @@ impl TestStore {
     pub async fn delete_record(&self, key: &str) {
         match self {
             TestStore::Memory(store) | TestStore::Plugged(store) => store.clear(),
+            TestStore::RedlockMemory(stores) => stores.iter().for_each(MemoryStore::clear),
             TestStore::Redis(server) => delete_on(server, key).await,
             TestStore::Redlock(servers) => {
                 for server in servers {

@@ -112,3 +112,50 @@ async fn restarted_empty_master_does_not_admit_a_second_holder() {
         .expect("free after the release");
     assert!(next.lease().fence() > first_fence);
 }
+
+/// A waiter rides out a moment when no master answers at all (every master stopped with
+/// SIGSTOP), its watch included, and gets the lock once they are back and the holder lets go.
+/// Found by the simulation (seed 3) once it ran the quorum code: the watch's failure was final,
+/// so the waiter gave up at once, long before its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_every_master_stalling() {
+    let mut store = TestStore::redlock();
+    let holder = store.runtime().await;
+    let waiter = store.runtime().await;
+    let guard = holder
+        .lock("stalled")
+        .ttl(Duration::from_secs(4))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let pids: Vec<u32> = servers(&mut store)
+        .iter()
+        .filter_map(RedisServer::pid)
+        .collect();
+    assert_eq!(pids.len(), 5, "every master runs");
+    for pid in &pids {
+        lock_tests::fleet::signal(*pid, "-STOP");
+    }
+    let waiting = tokio::spawn(async move {
+        let got = waiter
+            .lock("stalled")
+            .acquire_timeout(Duration::from_secs(10))
+            .await;
+        (got, waiter)
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for pid in &pids {
+        lock_tests::fleet::signal(*pid, "-CONT");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter ended while the lock was held: {:?}",
+        waiting.await.map(|(got, _)| got)
+    );
+    assert!(guard.release().await.expect("release after the stall"));
+    let (got, _waiter) = waiting.await.expect("the waiter's task");
+    let got = got.expect("the waiter gets the lock after the release");
+    assert!(got.lease().fence() > 0);
+}

@@ -49,6 +49,16 @@ impl LockStore for RedisBackend {
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         RedisBackend::force_release(self, names, fence).await
     }
+
+    async fn raise_fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        fence: u64,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        RedisBackend::raise_fence(self, names, token, fence, ttl).await
+    }
 }
 
 /// A quorum of independent masters.

@@ -12,10 +12,11 @@ use super::{
 };
 use crate::LockError;
 
-type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+pub(crate) type StoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
 /// [`LockStore`] made object safe, so the runtime can hold any store behind one pointer.
-trait DynStore: Send + Sync {
+pub(crate) trait DynStore: Send + Sync {
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, AcquireOutcome>;
     fn release<'a>(
         &'a self,
@@ -32,6 +33,13 @@ trait DynStore: Send + Sync {
         pattern: &'a str,
     ) -> StoreFuture<'a, Vec<(String, RecordView)>>;
     fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool>;
+    fn raise_fence<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        fence: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -64,6 +72,15 @@ impl<S: LockStore> DynStore for S {
     }
     fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool> {
         Box::pin(LockStore::force_release(self, names, fence))
+    }
+    fn raise_fence<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        fence: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(LockStore::raise_fence(self, names, token, fence, ttl))
     }
 }
 

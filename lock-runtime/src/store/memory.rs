@@ -294,6 +294,20 @@ impl MemoryStore {
         removed
     }
 
+    /// As a quorum member: no later fence here is `fence` or lower, and our record carries it.
+    pub(crate) fn raise_fence(&self, names: &KeyNames, token: &str, fence: u64) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.last_fence = state.last_fence.max(fence);
+        match state.live(&names.record, now) {
+            Some(r) if r.token == token => {
+                r.fence = fence;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn watch_releases(&self, names: &KeyNames) -> ReleaseWatch {
         self.shared.hub.subscribe(&names.channel)
     }
@@ -327,6 +341,17 @@ impl LockStore for MemoryStore {
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         Ok(MemoryStore::watch_releases(self, names))
+    }
+
+    /// The fence counter is one per store and never expires, so `ttl` needs no keeping.
+    async fn raise_fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        fence: u64,
+        _ttl: Duration,
+    ) -> Result<bool, LockError> {
+        Ok(MemoryStore::raise_fence(self, names, token, fence))
     }
 
     async fn list(

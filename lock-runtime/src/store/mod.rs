@@ -26,7 +26,7 @@ mod redis;
 mod redlock;
 mod sentinel;
 
-pub(crate) use custom::CustomStore;
+pub(crate) use custom::{CustomStore, DynStore};
 pub use hub::{ReleaseHub, ReleaseWatch};
 pub use listing::{QuorumView, key_matches, key_of_record};
 pub use memory::MemoryStore;
@@ -482,6 +482,29 @@ pub trait LockStore: Send + Sync + 'static {
         names: &KeyNames,
         fence: u64,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Only for a store that is one member of a quorum
+    /// ([`LockRuntimeBuilder::redlock_stores`](crate::LockRuntimeBuilder::redlock_stores)):
+    /// after a quorum granted the lock, the lease carries the largest fence among the quorum,
+    /// and each member is asked to make every later fence of this lock greater than `fence`
+    /// (kept at least `ttl`) and, if its record carries `token`, to stamp the record with
+    /// `fence`; true when the record carries `token`. Any later quorum shares a member with
+    /// this one, so its fence is then larger. The default refuses, so a store that does not
+    /// implement it cannot serve in a quorum (a lone store never needs it).
+    fn raise_fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        fence: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        let _ = (names, token, fence, ttl);
+        async {
+            Err(LockError::config(
+                "this store does not implement LockStore::raise_fence, so it cannot be a member of a quorum",
+            ))
+        }
+    }
 }
 
 /// The store of one runtime. Held behind an `Arc`, so the size difference between variants

@@ -14,7 +14,6 @@ mod subscriber;
 mod version;
 
 use subscriber::Subscriber;
-pub(crate) use subscriber::SubscriberHandle;
 
 use super::conn::{Conn, cluster_builder, open_client, slot};
 use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec, is_readonly};

@@ -1,18 +1,22 @@
-//! Redlock: one lock across N independent Redis masters, held when a quorum (N/2 + 1) granted
-//! it within its validity. Each node runs the same scripts as a standalone server; this module
-//! fans the calls out in parallel, each bounded by a short per-node timeout, and counts.
+//! Redlock: one lock across N independent stores, held when a quorum (N/2 + 1) granted it
+//! within its validity. The members are Redis masters (`.redlock(urls)`) or any [`LockStore`]
+//! (`.redlock_stores(..)`, which is how the simulation runs this very code on simulated
+//! masters). This module fans each call out in parallel, each member bounded by a short
+//! timeout, and counts.
 
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::listing::{LIST_TIMEOUT, combine_masters, combine_one};
-use super::redis::SubscriberHandle;
 use super::{
-    AcquireOutcome, ExtendItem, KeyNames, RecordView, RedisBackend, RedisOptions, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal,
+    AcquireOutcome, AcquireRequest, DynStore, ExtendItem, KeyNames, RecordView, RedisBackend,
+    RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal,
 };
 use crate::config::{drift, jitter};
 use crate::{BackendError, LockError};
@@ -20,26 +24,63 @@ use crate::{BackendError, LockError};
 /// The default bound on one node's answer.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// A lock store made of independent masters.
+/// A lock store made of independent members.
 pub(crate) struct RedlockBackend {
-    nodes: Vec<Arc<RedisBackend>>,
+    nodes: Vec<Member>,
     quorum: usize,
     node_timeout: Duration,
-    hub: Arc<ReleaseHub>,
+}
+
+/// One member and how errors name it.
+struct Member {
+    label: String,
+    store: Arc<dyn DynStore>,
 }
 
 impl std::fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls: Vec<&str> = self.nodes.iter().map(|n| n.shown_url()).collect();
+        let labels: Vec<&str> = self.nodes.iter().map(|n| n.label.as_str()).collect();
         f.debug_struct("RedlockBackend")
-            .field("nodes", &urls)
+            .field("nodes", &labels)
             .field("quorum", &self.quorum)
             .finish_non_exhaustive()
     }
 }
 
 /// One node's answer, or why there is none.
-type NodeResult<T> = Result<T, String>;
+type NodeResult<T> = Result<T, NodeError>;
+
+/// Why a member gave no answer, named, and whether a retry may cure it.
+struct NodeError {
+    text: String,
+    transient: bool,
+}
+
+/// The members' errors, for a message.
+fn joined(errors: &[NodeError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.text.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A failure made of the members' errors: transient when each of them was (members that did
+/// not answer in time, or lost their connection), so waiters ride it out as they would an
+/// outage of one server.
+fn failure(message: String, errors: &[NodeError]) -> LockError {
+    if !errors.is_empty() && errors.iter().all(|e| e.transient) {
+        BackendError::transient(message).into()
+    } else {
+        BackendError::new(message).into()
+    }
+}
+
+/// A member's live watch, already listening for its next wake-up.
+struct MemberWatch {
+    watch: ReleaseWatch,
+    next: Pin<Box<OwnedNotified>>,
+}
 
 impl RedlockBackend {
     /// Connects to every node; builds when at least a quorum answers (the others connect
@@ -51,24 +92,19 @@ impl RedlockBackend {
         node_timeout: Duration,
         tls_root_cert: Option<Vec<u8>>,
     ) -> Result<Self, LockError> {
-        if urls.len() < 3 {
-            return Err(LockError::config(format!(
-                "redlock needs at least 3 independent masters, got {}; use .redis(url) for one server",
-                urls.len()
-            )));
-        }
-        let hub = Arc::new(ReleaseHub::default());
+        check_members(urls.len())?;
         let mut connecting = JoinSet::new();
         for (i, url) in urls.into_iter().enumerate() {
-            let hub = hub.clone();
             let tls_root_cert = tls_root_cert.clone();
             connecting.spawn(async move {
                 let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
                 options.tls_root_cert = tls_root_cert;
+                // Each master wakes its own watchers; a quorum watch forwards them.
+                let hub = Arc::new(ReleaseHub::default());
                 (i, RedisBackend::connect_with(options, hub, true).await)
             });
         }
-        let mut slots: Vec<Option<Arc<RedisBackend>>> = Vec::new();
+        let mut slots: Vec<Option<Member>> = Vec::new();
         let mut down = Vec::new();
         while let Some(joined) = connecting.join_next().await {
             let (i, result) = joined.map_err(|e| {
@@ -83,9 +119,12 @@ impl RedlockBackend {
             if slots.len() <= i {
                 slots.resize_with(i + 1, || None);
             }
-            slots[i] = Some(Arc::new(backend));
+            slots[i] = Some(Member {
+                label: backend.shown_url().to_owned(),
+                store: Arc::new(backend),
+            });
         }
-        let nodes: Vec<Arc<RedisBackend>> = slots.into_iter().flatten().collect();
+        let nodes: Vec<Member> = slots.into_iter().flatten().collect();
         let quorum = nodes.len() / 2 + 1;
         let up = nodes.len() - down.len();
         if up < quorum {
@@ -103,7 +142,28 @@ impl RedlockBackend {
             nodes,
             quorum,
             node_timeout,
-            hub,
+        })
+    }
+
+    /// A quorum of stores the caller made (each answering for itself, as independent
+    /// masters do), named "store 1", "store 2", ... in errors.
+    pub(crate) fn from_stores(
+        stores: Vec<Arc<dyn DynStore>>,
+        node_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        check_members(stores.len())?;
+        let nodes: Vec<Member> = stores
+            .into_iter()
+            .enumerate()
+            .map(|(i, store)| Member {
+                label: format!("store {}", i + 1),
+                store,
+            })
+            .collect();
+        Ok(RedlockBackend {
+            quorum: nodes.len() / 2 + 1,
+            nodes,
+            node_timeout,
         })
     }
 
@@ -112,7 +172,7 @@ impl RedlockBackend {
     async fn fan_out<T, F, Fut>(&self, op: F) -> Vec<NodeResult<T>>
     where
         T: Send + 'static,
-        F: Fn(Arc<RedisBackend>) -> Fut,
+        F: Fn(Arc<dyn DynStore>) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
     {
         self.fan_out_within(self.node_timeout, op).await
@@ -122,18 +182,24 @@ impl RedlockBackend {
     async fn fan_out_within<T, F, Fut>(&self, timeout: Duration, op: F) -> Vec<NodeResult<T>>
     where
         T: Send + 'static,
-        F: Fn(Arc<RedisBackend>) -> Fut,
+        F: Fn(Arc<dyn DynStore>) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
     {
         let mut set = JoinSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            let url = node.shown_url().to_owned();
-            let fut = op(node.clone());
+            let label = node.label.clone();
+            let fut = op(node.store.clone());
             set.spawn(async move {
                 let answer = match tokio::time::timeout(timeout, fut).await {
                     Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(format!("{url}: {e}")),
-                    Err(_) => Err(format!("{url}: no answer within {timeout:?}")),
+                    Ok(Err(e)) => Err(NodeError {
+                        text: format!("{label}: {e}"),
+                        transient: e.is_transient(),
+                    }),
+                    Err(_) => Err(NodeError {
+                        text: format!("{label}: no answer within {timeout:?}"),
+                        transient: true,
+                    }),
                 };
                 (i, answer)
             });
@@ -146,7 +212,14 @@ impl RedlockBackend {
         }
         answers
             .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err("the node's task failed".to_owned())))
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(NodeError {
+                        text: "the node's task failed".to_owned(),
+                        transient: false,
+                    })
+                })
+            })
             .collect()
     }
 
@@ -169,8 +242,15 @@ impl RedlockBackend {
                 let token = token.clone();
                 let owner = owner.clone();
                 async move {
-                    node.acquire(&names, &token, &owner, ttl, min_hold, once)
-                        .await
+                    node.acquire(AcquireRequest {
+                        names: &names,
+                        token: &token,
+                        owner: &owner,
+                        ttl,
+                        min_hold,
+                        once,
+                    })
+                    .await
                 }
             })
             .await
@@ -234,7 +314,7 @@ impl RedlockBackend {
                 self.quorum,
                 fences.len(),
                 held_pttls.len(),
-                errors.join("; ")
+                joined(&errors)
             ))
             .into());
         }
@@ -281,12 +361,14 @@ impl RedlockBackend {
         } else if released > 0 {
             Ok(ReleaseOutcome::Released)
         } else if errors.len() > self.nodes.len() - self.quorum {
-            Err(BackendError::new(format!(
-                "redlock release of `{}` reached too few masters: {}",
-                names.key,
-                errors.join("; ")
+            Err(failure(
+                format!(
+                    "redlock release of `{}` reached too few masters: {}",
+                    names.key,
+                    joined(&errors)
+                ),
+                &errors,
             ))
-            .into())
         } else {
             Ok(ReleaseOutcome::NotOwner)
         }
@@ -317,11 +399,13 @@ impl RedlockBackend {
         if errors.len() > self.nodes.len() - self.quorum {
             // Too few answers to tell "lost" from "unreachable": let the watchdog retry until
             // the validity ends.
-            return Err(BackendError::new(format!(
-                "redlock renewal reached too few masters: {}",
-                errors.join("; ")
-            ))
-            .into());
+            return Err(failure(
+                format!(
+                    "redlock renewal reached too few masters: {}",
+                    joined(&errors)
+                ),
+                &errors,
+            ));
         }
         Ok(votes.into_iter().map(|v| v >= self.quorum).collect())
     }
@@ -405,51 +489,102 @@ impl RedlockBackend {
     }
 
     /// An error unless a quorum of masters answered.
-    fn enough_answered(&self, what: &str, errors: &[String]) -> Result<(), LockError> {
+    fn enough_answered(&self, what: &str, errors: &[NodeError]) -> Result<(), LockError> {
         if errors.len() > self.nodes.len() - self.quorum {
-            return Err(BackendError::new(format!(
-                "redlock {what} reached too few masters: {}",
-                errors.join("; ")
-            ))
-            .into());
+            return Err(failure(
+                format!("redlock {what} reached too few masters: {}", joined(errors)),
+                errors,
+            ));
         }
         Ok(())
     }
 
-    /// Watches releases on every reachable node; a release published on any of them wakes the
-    /// waiters.
+    /// Watches releases on every member that accepts the watch; a release announced by any
+    /// of them wakes the waiters. Each member's watch is forwarded by a small task, listening
+    /// from the instant that member's watch is live (not from when the slowest member
+    /// answers), so no release in between goes unheard.
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
-        let (notify, first) = self.hub.watch(&names.channel);
-        if first {
-            let channel = names.channel.clone();
-            let answers = self
-                .fan_out(move |node| {
-                    let channel = channel.clone();
-                    async move {
-                        node.subscribe(&channel).await.map_err(|e| {
-                            LockError::from(BackendError::new(match e {
-                                Some(e) => e.to_string(),
-                                None => "subscriber stopped".to_owned(),
-                            }))
-                        })
-                    }
-                })
-                .await;
-            if answers.iter().all(Result::is_err) {
-                let errors: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
-                return Err(BackendError::new(format!(
-                    "cannot wait for `{}`: no redlock master accepted the subscription: {}",
-                    names.key,
-                    errors.join("; ")
-                ))
-                .into());
+        let answers = {
+            let names = names.clone();
+            self.fan_out(move |node| {
+                let names = names.clone();
+                async move {
+                    let watch = node.watch_releases(&names).await?;
+                    let mut next = Box::pin(watch.notify.clone().notified_owned());
+                    next.as_mut().enable();
+                    Ok(MemberWatch { watch, next })
+                }
+            })
+            .await
+        };
+        let notify = Arc::new(Notify::new());
+        let mut watches = Vec::new();
+        let mut forwarders = Vec::new();
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(MemberWatch { watch, next }) => {
+                    let source = watch.notify.clone();
+                    let target = Arc::downgrade(&notify);
+                    forwarders.push(tokio::spawn(forward(source, next, target)).abort_handle());
+                    watches.push(watch);
+                }
+                Err(e) => errors.push(e),
             }
         }
-        let handles: Vec<SubscriberHandle> = self
-            .nodes
-            .iter()
-            .filter_map(|n| n.subscriber_handle())
-            .collect();
-        Ok(SubscriberHandle::watch_all(handles, notify, &names.channel))
+        if watches.is_empty() {
+            // Transient when every member just failed to answer: waiters keep waiting until
+            // their deadline, as they do through one server's outage (found by the
+            // simulation, seed 3: they gave up at once).
+            return Err(failure(
+                format!(
+                    "cannot wait for `{}`: no redlock member accepted the watch: {}",
+                    names.key,
+                    joined(&errors)
+                ),
+                &errors,
+            ));
+        }
+        let watches = Arc::new(watches);
+        let requeued = watches.clone();
+        Ok(ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                for forwarder in &forwarders {
+                    forwarder.abort();
+                }
+                drop(watches);
+            })),
+        )
+        .with_requeue(Box::new(move || {
+            for watch in requeued.iter() {
+                watch.requeue();
+            }
+        })))
+    }
+}
+
+/// Redlock needs at least three members to outlive the loss of one.
+fn check_members(n: usize) -> Result<(), LockError> {
+    if n < 3 {
+        return Err(LockError::config(format!(
+            "redlock needs at least 3 independent masters, got {n}; use .redis(url) for one server"
+        )));
+    }
+    Ok(())
+}
+
+/// Wakes `target`'s waiters each time `source` wakes, until `target` is gone. The next
+/// wake-up is listened for before the current one is passed on.
+async fn forward(source: Arc<Notify>, mut next: Pin<Box<OwnedNotified>>, target: Weak<Notify>) {
+    loop {
+        next.as_mut().await;
+        let mut following = Box::pin(source.clone().notified_owned());
+        following.as_mut().enable();
+        let Some(target) = target.upgrade() else {
+            return;
+        };
+        target.notify_waiters();
+        next = following;
     }
 }

@@ -33,13 +33,15 @@ pub enum FaultKind {
     Shutdown,
 }
 
-/// What the store granted, to whom, when.
+/// What a store (one deployment) granted, to whom, when.
 #[derive(Debug, Clone)]
 pub(super) struct Grant {
     pub(super) key: String,
     pub(super) token: String,
     pub(super) fence: u64,
     pub(super) client: usize,
+    /// The deployment that granted it (several grant one token under Redlock).
+    pub(super) node: usize,
     pub(super) at: Instant,
     /// When the client sent the acquire.
     pub(super) sent: Instant,
@@ -90,10 +92,13 @@ struct Storage {
 pub struct History {
     start: Instant,
     grants: Vec<Grant>,
-    grant_of: BTreeMap<String, usize>,
-    freed: BTreeMap<String, Instant>,
-    /// Leases a failover hit: when, and when a renewal found their record whole again.
-    failover_hit: BTreeMap<String, (Instant, Option<Instant>)>,
+    /// The grants of each token, in order (one per deployment that granted it).
+    grant_of: BTreeMap<String, Vec<usize>>,
+    /// When each deployment freed each token's record.
+    freed: BTreeMap<(String, usize), Instant>,
+    /// Leases a failover hit, per deployment: when, and when a renewal there found their
+    /// record whole again.
+    failover_hit: BTreeMap<(String, usize), (Instant, Option<Instant>)>,
     faults: Vec<Fault>,
     holds: Vec<Hold>,
     storage: BTreeMap<String, Storage>,
@@ -137,31 +142,43 @@ impl History {
     }
 
     pub(super) fn grant(&mut self, grant: Grant) {
-        self.grant_of.insert(grant.token.clone(), self.grants.len());
+        self.grant_of
+            .entry(grant.token.clone())
+            .or_default()
+            .push(self.grants.len());
         self.grants.push(grant);
     }
 
-    pub(super) fn freed(&mut self, token: &str, at: Instant) {
-        self.freed.entry(token.to_owned()).or_insert(at);
+    /// The first grant of `token` (of any deployment).
+    fn first_grant(&self, token: &str) -> Option<&Grant> {
+        let first = *self.grant_of.get(token)?.first()?;
+        self.grants.get(first)
     }
 
-    pub(super) fn failover_hit(&mut self, token: &str, at: Instant) {
-        self.failover_hit.insert(token.to_owned(), (at, None));
+    pub(super) fn freed(&mut self, token: &str, node: usize, at: Instant) {
+        self.freed.entry((token.to_owned(), node)).or_insert(at);
     }
 
-    /// A renewal of `token` succeeded: a failover's damage to its record is repaired.
-    pub(super) fn renewed(&mut self, token: &str, at: Instant) {
-        if let Some((_, healed @ None)) = self.failover_hit.get_mut(token) {
+    pub(super) fn failover_hit(&mut self, token: &str, node: usize, at: Instant) {
+        self.failover_hit
+            .insert((token.to_owned(), node), (at, None));
+    }
+
+    /// A renewal of `token` on `node` succeeded: a failover's damage to its record there is
+    /// repaired.
+    pub(super) fn renewed(&mut self, token: &str, node: usize, at: Instant) {
+        if let Some((_, healed @ None)) = self.failover_hit.get_mut(&(token.to_owned(), node)) {
             *healed = Some(at);
         }
     }
 
-    /// True when a failover had damaged `token`'s record at `at` (and no renewal had repaired
-    /// it yet): what follows from that, no lease can survive.
+    /// True when a failover of any deployment had damaged `token`'s record at `at` (and no
+    /// renewal had repaired it yet): what follows from that, no lease can survive (under
+    /// Redlock, a quorum can survive it; counting it excused only makes the check weaker).
     fn failover_excuses(&self, token: &str, at: Instant) -> bool {
-        self.failover_hit
-            .get(token)
-            .is_some_and(|(hit, healed)| *hit <= at && healed.is_none_or(|h| at < h))
+        self.failover_hit.iter().any(|((t, _), (hit, healed))| {
+            t == token && *hit <= at && healed.is_none_or(|h| at < h)
+        })
     }
 
     /// Notes a fault of the whole store (`client` None) or of one client.
@@ -286,7 +303,7 @@ impl History {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for g in &self.grants {
-            (&g.key, g.fence, g.client, g.at - self.start).hash(&mut h);
+            (&g.key, g.fence, g.client, g.node, g.at - self.start).hash(&mut h);
         }
         for x in &self.holds {
             (
@@ -331,7 +348,7 @@ impl History {
             if !h.renewed || h.to.is_some_and(|to| to <= lost_at) {
                 continue;
             }
-            let Some(g) = self.grant_of.get(&h.token).map(|&i| &self.grants[i]) else {
+            let Some(g) = self.first_grant(&h.token) else {
                 continue;
             };
             // Validity as the runtime counts it: from the send, less the drift margin.
@@ -390,10 +407,7 @@ impl History {
                     // The older grant is the one a failover can have lost, and the newer
                     // one must have come while its record was damaged.
                     let (older, newer) = if a.fence < h.fence { (*a, h) } else { (h, *a) };
-                    let newer_granted = self
-                        .grant_of
-                        .get(&newer.token)
-                        .map_or(newer.from, |&i| self.grants[i].at);
+                    let newer_granted = self.first_grant(&newer.token).map_or(newer.from, |g| g.at);
                     if self.failover_excuses(&older.token, newer_granted) {
                         *verdict
                             .excused
@@ -432,10 +446,12 @@ impl History {
         }
     }
 
+    /// Each deployment's fences of a key strictly increase, and every lease carries the fence
+    /// of a grant of its token (under Redlock, the largest of its quorum's).
     fn check_fences(&self, verdict: &mut Verdict) {
-        let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut last: BTreeMap<(&str, usize), u64> = BTreeMap::new();
         for g in &self.grants {
-            let previous = last.insert(&g.key, g.fence);
+            let previous = last.insert((&g.key, g.node), g.fence);
             if let Some(p) = previous
                 && g.fence <= p
             {
@@ -448,13 +464,18 @@ impl History {
             }
         }
         for h in &self.holds {
-            match self.grant_of.get(&h.token).map(|&i| &self.grants[i]) {
-                Some(g) if g.fence == h.fence && g.key == h.key => {}
-                Some(g) => verdict.violations.push(format!(
+            let grants = self.grant_of.get(&h.token).map_or(&[][..], Vec::as_slice);
+            let carried = grants
+                .iter()
+                .map(|&i| &self.grants[i])
+                .find(|g| g.fence == h.fence && g.key == h.key);
+            match (carried, self.first_grant(&h.token)) {
+                (Some(_), _) => {}
+                (None, Some(g)) => verdict.violations.push(format!(
                     "fencing: the runtime reported fence {} on {} for a grant of fence {} on {}",
                     h.fence, h.key, g.fence, g.key
                 )),
-                None => verdict.violations.push(format!(
+                (None, None) => verdict.violations.push(format!(
                     "exclusion: key {}: a lease (fence {}) was handed out that the store never granted",
                     h.key, h.fence
                 )),
@@ -470,7 +491,7 @@ impl History {
             }
             let gone = self
                 .freed
-                .get(&g.token)
+                .get(&(g.token.clone(), g.node))
                 .copied()
                 .unwrap_or(g.at + g.ttl)
                 .min(run_end);
@@ -503,11 +524,12 @@ impl History {
                     .or_default() += 1;
             } else {
                 verdict.violations.push(format!(
-                    "liveness: key {}: client {} was granted fence {} at {} but never got it, and the lock stayed taken until {}",
+                    "liveness: key {}: client {} was granted fence {} at {} by deployment {} but never got it, and the lock stayed taken there until {}",
                     g.key,
                     g.client,
                     g.fence,
                     self.t(g.at),
+                    g.node,
                     self.t(gone)
                 ));
             }
@@ -534,12 +556,15 @@ impl History {
             lines.push((
                 g.at,
                 format!(
-                    "store grants fence {} to client {} (ttl {:?})",
-                    g.fence, g.client, g.ttl
+                    "deployment {} grants fence {} to client {} (ttl {:?})",
+                    g.node, g.fence, g.client, g.ttl
                 ),
             ));
-            if let Some(at) = self.freed.get(&g.token) {
-                lines.push((*at, format!("store frees fence {}", g.fence)));
+            if let Some(at) = self.freed.get(&(g.token.clone(), g.node)) {
+                lines.push((
+                    *at,
+                    format!("deployment {} frees fence {}", g.node, g.fence),
+                ));
             }
         }
         for h in self.holds.iter().filter(|h| h.key == key) {

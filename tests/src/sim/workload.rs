@@ -11,7 +11,8 @@ use lock_runtime::{Lease, LockError, LockGuard, LockRuntime, current_lease, dist
 use tokio::time::Instant;
 
 use super::history::{FaultKind, History, Verdict};
-use super::world::{NetFaults, SimStore, World};
+use super::store::SimStore;
+use super::world::{NetFaults, World};
 use crate::rng::XorShift;
 
 /// The client-side timeout of one store call.
@@ -104,6 +105,9 @@ struct Ctx {
     stop: AtomicBool,
     /// No network faults and no failovers: every store call is answered in time.
     calm: bool,
+    /// Added to every bound on an operation under Redlock: an acquire there takes up to three
+    /// rounds of calls (the grant, the fence lift, the give-back of a failed quorum).
+    slack: Duration,
 }
 
 impl Ctx {
@@ -200,9 +204,18 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             max_latency: Duration::from_micros(100 + rng.below(3000)),
         }
     };
+    // One run in three locks by Redlock quorum over three deployments (the runtime's own
+    // quorum code on simulated masters). Drawn apart from the run's generator, so a seed that
+    // runs on one deployment goes exactly as it did before quorum runs existed.
+    let nodes = if XorShift::mixed(seed ^ 0x0407_e5a3).below(3) == 0 {
+        3
+    } else {
+        1
+    };
     let world = Arc::new(Mutex::new(World::new(
         rng.next_u64(),
         clients,
+        nodes,
         net,
         TIMEOUT,
     )));
@@ -213,12 +226,18 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
         keys,
         stop: AtomicBool::new(false),
         calm,
+        slack: if nodes > 1 { TIMEOUT } else { Duration::ZERO },
     });
     let mut runtimes = Vec::new();
     for client in 0..clients {
         let grace = ms(rng.below(400));
-        match LockRuntime::builder()
-            .store(SimStore::new(world.clone(), client))
+        let builder = if nodes == 1 {
+            LockRuntime::builder().store(SimStore::new(world.clone(), client, 0))
+        } else {
+            LockRuntime::builder()
+                .redlock_stores((0..nodes).map(|node| SimStore::new(world.clone(), client, node)))
+        };
+        match builder
             .owner(format!("sim-{client}"))
             .command_timeout(TIMEOUT)
             .shutdown_grace(grace)
@@ -282,7 +301,9 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
 /// Checks the history of the run that ended at `run_end`.
 fn report(seed: u64, ctx: &Ctx, run_end: Instant) -> SimReport {
     let world = ctx.world();
-    let verdict = world.history.check(run_end, 3 * TIMEOUT + ms(50));
+    let verdict = world
+        .history
+        .check(run_end, 3 * TIMEOUT + ms(50) + ctx.slack);
     let story = verdict
         .violations
         .first()
@@ -362,7 +383,7 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
                 &ctx,
                 client,
                 "try_acquire",
-                3 * TIMEOUT,
+                3 * TIMEOUT + ctx.slack,
                 request.try_acquire(),
             )
             .await
@@ -372,7 +393,7 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
                 &ctx,
                 client,
                 "acquire_timeout",
-                wait + 3 * TIMEOUT,
+                wait + 3 * TIMEOUT + ctx.slack,
                 request.acquire_timeout(wait),
             )
             .await
@@ -545,8 +566,12 @@ async fn fault_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
         tokio::time::sleep(ms(50 + rng.below(2000 / rate))).await;
         let now = Instant::now();
         let mut world = ctx.world();
+        let nodes = world.nodes();
         match rng.below(10) {
-            0 => world.failover(now, ms(20 + rng.below(300))),
+            0 => {
+                let node = pick(&mut rng, nodes);
+                world.failover(node, now, ms(20 + rng.below(300)))
+            }
             1 | 2 => {
                 let client = rng.below(clients as u64) as usize;
                 let until = now + ms(rng.below(1500));
@@ -558,13 +583,30 @@ async fn fault_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
                     ctx.world().heal(client);
                 });
             }
-            3 => world.clock_step(now),
-            4 | 5 => {
-                let lag = ms(rng.below(200));
-                world.set_lag(now, lag);
+            3 => {
+                let node = pick(&mut rng, nodes);
+                world.clock_step(node, now)
             }
-            _ => world.set_lag(now, ms(rng.below(3))),
+            4 | 5 => {
+                let node = pick(&mut rng, nodes);
+                let lag = ms(rng.below(200));
+                world.set_lag(node, now, lag);
+            }
+            _ => {
+                let node = pick(&mut rng, nodes);
+                world.set_lag(node, now, ms(rng.below(3)))
+            }
         }
+    }
+}
+
+/// Which of `nodes` deployments a store fault hits; drawn only when there is a choice, so a
+/// one-deployment run draws what it always drew.
+fn pick(rng: &mut XorShift, nodes: usize) -> usize {
+    if nodes > 1 {
+        rng.below(nodes as u64) as usize
+    } else {
+        0
     }
 }
 

@@ -1,5 +1,6 @@
-//! The simulated store: one master with an asynchronously replicated replica, failovers that
-//! drop what the replica had not received, and a network that delays, drops and loses.
+//! The simulated store: deployments of one master with an asynchronously replicated replica
+//! (one, or several as the members of a Redlock quorum), failovers that drop what the replica
+//! had not received, and a network that delays, drops and loses.
 //!
 //! Every decision comes from the world's seeded generator, drawn in the order calls arrive,
 //! so one seed replays the same run on a current-thread runtime with paused time.
@@ -9,10 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use lock_runtime::store::{
-    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal,
+    AcquireOutcome, ExtendItem, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
 };
-use lock_runtime::{BackendError, LockError};
 use tokio::time::Instant;
 
 use super::history::{FaultKind, Grant, History};
@@ -75,10 +74,9 @@ enum Write {
     Counter(String, u64),
 }
 
-/// The whole simulated deployment: servers, network, and the history the checker reads.
+/// One master and its replica.
 #[derive(Debug)]
-pub struct World {
-    rng: XorShift,
+struct Deployment {
     master: Node,
     replica: Node,
     /// Writes the replica has not applied yet, each with the instant it will.
@@ -87,51 +85,17 @@ pub struct World {
     lag: Duration,
     /// A failover is under way until then: every call fails.
     unavailable_until: Instant,
-    partitioned_until: Vec<Instant>,
-    /// When the last request of each client arrives: one connection per client, so requests
-    /// arrive in the order they were sent (as on a Redis connection).
-    last_arrival: Vec<Instant>,
-    hubs: Vec<Arc<ReleaseHub>>,
-    net: NetFaults,
-    /// The client-side timeout of one call.
-    pub timeout: Duration,
-    start: Instant,
-    base_us: u64,
-    /// What happened, for the checker.
-    pub history: History,
 }
 
-fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
-    world.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl World {
-    /// A world of `clients` runtimes, every decision drawn from `seed`.
-    pub fn new(seed: u64, clients: usize, net: NetFaults, timeout: Duration) -> Self {
-        let now = Instant::now();
-        World {
-            rng: XorShift::mixed(seed ^ 0x5eed_5eed),
+impl Deployment {
+    fn new(now: Instant) -> Self {
+        Deployment {
             master: Node::default(),
             replica: Node::default(),
             stream: VecDeque::new(),
             lag: Duration::from_millis(1),
             unavailable_until: now,
-            partitioned_until: vec![now; clients],
-            last_arrival: vec![now; clients],
-            hubs: (0..clients).map(|_| Arc::new(ReleaseHub::new())).collect(),
-            net,
-            timeout,
-            start: now,
-            // A fixed wall clock, so fences replay too.
-            base_us: 1_800_000_000_000_000,
-            history: History::new(now),
         }
-    }
-
-    fn node_time_us(&self, now: Instant) -> u64 {
-        let elapsed = i64::try_from((now - self.start).as_micros()).unwrap_or(i64::MAX / 4);
-        let base = i64::try_from(self.base_us).unwrap_or(i64::MAX / 4);
-        u64::try_from(base + elapsed + self.master.clock_offset_us).unwrap_or(0)
     }
 
     /// Applies to the replica every write whose time has come, in order.
@@ -162,27 +126,99 @@ impl World {
         let at = (now + self.lag).max(self.stream.back().map_or(now, |(at, _)| *at));
         self.stream.push_back((at, write));
     }
+}
 
-    fn reachable(&self, client: usize, now: Instant) -> bool {
-        now >= self.unavailable_until && now >= self.partitioned_until[client]
+/// The whole simulated system: servers, network, and the history the checker reads.
+#[derive(Debug)]
+pub struct World {
+    rng: XorShift,
+    nodes: Vec<Deployment>,
+    partitioned_until: Vec<Instant>,
+    /// When the last request of each client to each deployment arrives: one connection per
+    /// client and deployment, so requests arrive in the order they were sent (as on a Redis
+    /// connection).
+    pub(super) last_arrival: Vec<Vec<Instant>>,
+    /// Per client, per deployment: the client's subscriber connection there.
+    pub(super) hubs: Vec<Vec<Arc<ReleaseHub>>>,
+    net: NetFaults,
+    /// The client-side timeout of one call.
+    pub timeout: Duration,
+    start: Instant,
+    base_us: u64,
+    /// What happened, for the checker.
+    pub history: History,
+}
+
+pub(super) fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
+    world.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl World {
+    /// A world of `clients` runtimes and `nodes` deployments, every decision drawn from
+    /// `seed`.
+    pub fn new(seed: u64, clients: usize, nodes: usize, net: NetFaults, timeout: Duration) -> Self {
+        let now = Instant::now();
+        World {
+            rng: XorShift::mixed(seed ^ 0x5eed_5eed),
+            nodes: (0..nodes).map(|_| Deployment::new(now)).collect(),
+            partitioned_until: vec![now; clients],
+            last_arrival: vec![vec![now; nodes]; clients],
+            hubs: (0..clients)
+                .map(|_| (0..nodes).map(|_| Arc::new(ReleaseHub::new())).collect())
+                .collect(),
+            net,
+            timeout,
+            start: now,
+            // A fixed wall clock, so fences replay too.
+            base_us: 1_800_000_000_000_000,
+            history: History::new(now),
+        }
     }
 
-    fn acquire(&mut self, client: usize, r: &OwnedAcquire, now: Instant) -> AcquireOutcome {
+    /// How many deployments there are.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn node_time_us(&self, node: usize, now: Instant) -> u64 {
+        let elapsed = i64::try_from((now - self.start).as_micros()).unwrap_or(i64::MAX / 4);
+        let base = i64::try_from(self.base_us).unwrap_or(i64::MAX / 4);
+        u64::try_from(base + elapsed + self.nodes[node].master.clock_offset_us).unwrap_or(0)
+    }
+
+    /// Brings deployment `node`'s replica up to `now`.
+    pub(super) fn replicate(&mut self, node: usize, now: Instant) {
+        self.nodes[node].replicate(now);
+    }
+
+    pub(super) fn reachable(&self, client: usize, node: usize, now: Instant) -> bool {
+        now >= self.nodes[node].unavailable_until && now >= self.partitioned_until[client]
+    }
+
+    pub(super) fn acquire(
+        &mut self,
+        client: usize,
+        node: usize,
+        r: &OwnedAcquire,
+        now: Instant,
+    ) -> AcquireOutcome {
+        let clock_us = self.node_time_us(node, now);
+        let d = &mut self.nodes[node];
         if r.once
-            && let Some(until) = self.master.done.get(&r.done).copied()
+            && let Some(until) = d.master.done.get(&r.done).copied()
             && until > now
         {
             return AcquireOutcome::Done {
                 pttl: Some(until - now),
             };
         }
-        if let Some(held) = self.master.live(&r.record, now) {
+        if let Some(held) = d.master.live(&r.record, now) {
             return AcquireOutcome::Held {
                 pttl: Some(held.expires_at - now),
             };
         }
-        let counter = self.master.counters.get(&r.fence).copied().unwrap_or(0);
-        let fence = (counter + 1).max(self.node_time_us(now));
+        let counter = d.master.counters.get(&r.fence).copied().unwrap_or(0);
+        let fence = (counter + 1).max(clock_us);
         let rec = Rec {
             token: r.token.clone(),
             owner: r.owner.clone(),
@@ -191,15 +227,16 @@ impl World {
             min_hold_until: now + r.min_hold,
             expires_at: now + r.ttl,
         };
-        self.master.counters.insert(r.fence.clone(), fence);
-        self.master.records.insert(r.record.clone(), rec.clone());
-        self.ship(now, Write::Counter(r.fence.clone(), fence));
-        self.ship(now, Write::Record(r.record.clone(), Some(rec)));
+        d.master.counters.insert(r.fence.clone(), fence);
+        d.master.records.insert(r.record.clone(), rec.clone());
+        d.ship(now, Write::Counter(r.fence.clone(), fence));
+        d.ship(now, Write::Record(r.record.clone(), Some(rec)));
         self.history.grant(Grant {
             key: r.key.clone(),
             token: r.token.clone(),
             fence,
             client,
+            node,
             at: now,
             sent: r.sent,
             ttl: r.ttl,
@@ -208,12 +245,18 @@ impl World {
         AcquireOutcome::Acquired { fence }
     }
 
-    fn release(&mut self, r: &OwnedRelease, now: Instant) -> ReleaseOutcome {
+    pub(super) fn release(
+        &mut self,
+        node: usize,
+        r: &OwnedRelease,
+        now: Instant,
+    ) -> ReleaseOutcome {
+        let d = &mut self.nodes[node];
         if let Some(retention) = r.done_retention {
-            self.master.done.insert(r.done.clone(), now + retention);
-            self.ship(now, Write::Done(r.done.clone(), now + retention));
+            d.master.done.insert(r.done.clone(), now + retention);
+            d.ship(now, Write::Done(r.done.clone(), now + retention));
         }
-        let Some(rec) = self.master.live(&r.record, now) else {
+        let Some(rec) = d.master.live(&r.record, now) else {
             return ReleaseOutcome::NotOwner;
         };
         if rec.token != r.token {
@@ -223,32 +266,38 @@ impl World {
             rec.expires_at = rec.expires_at.min(rec.min_hold_until);
             rec.token = "released".to_owned();
             let kept = rec.clone();
-            self.history.freed(&r.token, kept.expires_at);
-            self.ship(now, Write::Record(r.record.clone(), Some(kept)));
-            self.publish(now, &r.channel);
+            d.ship(now, Write::Record(r.record.clone(), Some(kept.clone())));
+            self.history.freed(&r.token, node, kept.expires_at);
+            self.publish(node, now, &r.channel);
             return ReleaseOutcome::KeptForMinHold;
         }
-        self.master.records.remove(&r.record);
-        self.ship(now, Write::Record(r.record.clone(), None));
-        self.history.freed(&r.token, now);
-        self.publish(now, &r.channel);
+        d.master.records.remove(&r.record);
+        d.ship(now, Write::Record(r.record.clone(), None));
+        self.history.freed(&r.token, node, now);
+        self.publish(node, now, &r.channel);
         ReleaseOutcome::Released
     }
 
     /// A release announced, kept for min_hold or not (as the Redis script does).
-    fn publish(&self, now: Instant, channel: &str) {
-        for (client, hub) in self.hubs.iter().enumerate() {
+    fn publish(&self, node: usize, now: Instant, channel: &str) {
+        for (client, hubs) in self.hubs.iter().enumerate() {
             // Pub/sub is not replayed: a partitioned client misses the message.
             if now >= self.partitioned_until[client] {
-                hub.notify(channel);
+                hubs[node].notify(channel);
             }
         }
     }
 
-    fn extend(&mut self, items: &[ExtendItem], now: Instant) -> Vec<Renewal> {
+    pub(super) fn extend(
+        &mut self,
+        node: usize,
+        items: &[ExtendItem],
+        now: Instant,
+    ) -> Vec<Renewal> {
+        let d = &mut self.nodes[node];
         let mut answers = Vec::with_capacity(items.len());
         for item in items {
-            let renewed = match self.master.live(&item.record, now) {
+            let renewed = match d.master.live(&item.record, now) {
                 Some(rec) if rec.token == item.token => {
                     rec.expires_at = rec.expires_at.max(now + item.ttl);
                     Some(rec.clone())
@@ -257,15 +306,51 @@ impl World {
             };
             answers.push(Renewal::from(renewed.is_some()));
             if let Some(rec) = renewed {
-                self.history.renewed(&item.token, now);
-                self.ship(now, Write::Record(item.record.clone(), Some(rec)));
+                self.history.renewed(&item.token, node, now);
+                d.ship(now, Write::Record(item.record.clone(), Some(rec)));
             }
         }
         answers
     }
 
-    fn inspect(&mut self, record: &str, now: Instant) -> Option<RecordView> {
-        self.master.live(record, now).map(|r| {
+    /// Redlock's fence lift on one member (as `raise_fence.lua` does on Redis).
+    pub(super) fn raise_fence(
+        &mut self,
+        node: usize,
+        record: &str,
+        counter: &str,
+        token: &str,
+        fence: u64,
+        now: Instant,
+    ) -> bool {
+        let d = &mut self.nodes[node];
+        if d.master.counters.get(counter).is_none_or(|c| *c < fence) {
+            d.master.counters.insert(counter.to_owned(), fence);
+            d.ship(now, Write::Counter(counter.to_owned(), fence));
+        }
+        let stamped = match d.master.live(record, now) {
+            Some(rec) if rec.token == token => {
+                rec.fence = fence;
+                Some(rec.clone())
+            }
+            _ => None,
+        };
+        match stamped {
+            Some(rec) => {
+                d.ship(now, Write::Record(record.to_owned(), Some(rec)));
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn inspect(
+        &mut self,
+        node: usize,
+        record: &str,
+        now: Instant,
+    ) -> Option<RecordView> {
+        self.nodes[node].master.live(record, now).map(|r| {
             RecordView::new(
                 r.owner.clone(),
                 r.fence,
@@ -278,27 +363,28 @@ impl World {
     /// The replica becomes master with what it has received; the rest is lost. Every call
     /// fails for `takes`. Leases whose record or last renewal the replica lacked are noted:
     /// no lease survives that (the checker counts, and excuses, what follows from it).
-    pub fn failover(&mut self, now: Instant, takes: Duration) {
-        self.replicate(now);
-        for (name, rec) in &self.master.records {
+    pub fn failover(&mut self, node: usize, now: Instant, takes: Duration) {
+        let offset = self.draw_offset();
+        let d = &mut self.nodes[node];
+        d.replicate(now);
+        for (name, rec) in &d.master.records {
             if rec.expires_at <= now || rec.token == "released" {
                 continue;
             }
-            let kept = self
+            let kept = d
                 .replica
                 .records
                 .get(name)
                 .is_some_and(|r| r.token == rec.token && r.expires_at >= rec.expires_at);
             if !kept {
-                self.history.failover_hit(&rec.token, now);
+                self.history.failover_hit(&rec.token, node, now);
             }
         }
-        let offset = self.draw_offset();
-        self.master = std::mem::take(&mut self.replica);
-        self.master.clock_offset_us = offset;
-        self.replica = self.master.clone();
-        self.stream.clear();
-        self.unavailable_until = now + takes;
+        d.master = std::mem::take(&mut d.replica);
+        d.master.clock_offset_us = offset;
+        d.replica = d.master.clone();
+        d.stream.clear();
+        d.unavailable_until = now + takes;
         self.history.fault(None, now, FaultKind::Failover);
     }
 
@@ -308,17 +394,17 @@ impl World {
     }
 
     /// The master's clock steps, staying within [`CLOCK_BOUND_US`] of true time.
-    pub fn clock_step(&mut self, now: Instant) {
-        self.master.clock_offset_us = self.draw_offset();
+    pub fn clock_step(&mut self, node: usize, now: Instant) {
+        self.nodes[node].master.clock_offset_us = self.draw_offset();
         self.history.fault(None, now, FaultKind::ClockStep);
     }
 
     /// Replication slows to `lag` for new writes.
-    pub fn set_lag(&mut self, now: Instant, lag: Duration) {
+    pub fn set_lag(&mut self, node: usize, now: Instant, lag: Duration) {
         if lag > Duration::from_millis(5) {
             self.history.fault(None, now, FaultKind::ReplicationStall);
         }
-        self.lag = lag;
+        self.nodes[node].lag = lag;
     }
 
     /// Cuts `client` off the store until `until`.
@@ -330,7 +416,9 @@ impl World {
     /// The client's subscription comes back: its waiters are woken, as the Redis subscriber
     /// does after re-subscribing.
     pub fn heal(&mut self, client: usize) {
-        self.hubs[client].notify_all();
+        for hub in &self.hubs[client] {
+            hub.notify_all();
+        }
     }
 
     /// A random draw from the world's generator.
@@ -343,7 +431,7 @@ impl World {
         at - self.start
     }
 
-    fn plan(&mut self) -> Plan {
+    pub(super) fn plan(&mut self) -> Plan {
         let max = u64::try_from(self.net.max_latency.as_micros())
             .unwrap_or(1)
             .max(1);
@@ -373,7 +461,7 @@ impl World {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
+pub(super) enum Fate {
     Normal,
     Sluggish,
     Slow,
@@ -381,208 +469,29 @@ enum Fate {
     LostReply,
 }
 
-struct Plan {
-    there: Duration,
-    back: Duration,
-    fate: Fate,
+pub(super) struct Plan {
+    pub(super) there: Duration,
+    pub(super) back: Duration,
+    pub(super) fate: Fate,
 }
 
-struct OwnedAcquire {
-    key: String,
-    record: String,
-    fence: String,
-    done: String,
-    token: String,
-    owner: String,
-    ttl: Duration,
-    min_hold: Duration,
-    once: bool,
-    sent: Instant,
+pub(super) struct OwnedAcquire {
+    pub(super) key: String,
+    pub(super) record: String,
+    pub(super) fence: String,
+    pub(super) done: String,
+    pub(super) token: String,
+    pub(super) owner: String,
+    pub(super) ttl: Duration,
+    pub(super) min_hold: Duration,
+    pub(super) once: bool,
+    pub(super) sent: Instant,
 }
 
-struct OwnedRelease {
-    record: String,
-    done: String,
-    channel: String,
-    token: String,
-    done_retention: Option<Duration>,
-}
-
-/// One runtime's connection to the simulated world.
-#[derive(Debug, Clone)]
-pub struct SimStore {
-    world: Arc<Mutex<World>>,
-    client: usize,
-}
-
-impl SimStore {
-    /// Client number `client` of `world`.
-    pub fn new(world: Arc<Mutex<World>>, client: usize) -> Self {
-        SimStore { world, client }
-    }
-
-    /// Sends `op` to the master. The request travels on its own (it lands even if the caller
-    /// gives up), is applied at arrival, and the reply travels back; the caller waits at most
-    /// the world's timeout.
-    async fn call<T: Send + std::fmt::Debug + 'static>(
-        &self,
-        what: String,
-        tokens: Vec<String>,
-        op: impl FnOnce(&mut World, Instant) -> T + Send + 'static,
-    ) -> Result<T, LockError> {
-        let sent = Instant::now();
-        let (plan, timeout, arrival) = {
-            let mut world = lock(&self.world);
-            let plan = world.plan();
-            let arrival = (sent + plan.there).max(world.last_arrival[self.client]);
-            world.last_arrival[self.client] = arrival;
-            (plan, world.timeout, arrival)
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let world = self.world.clone();
-        let client = self.client;
-        tokio::spawn(async move {
-            tokio::time::sleep_until(arrival).await;
-            let now = Instant::now();
-            let answer = {
-                let mut w = lock(&world);
-                if !w.reachable(client, now) {
-                    w.history
-                        .call_fault(Some(client), now, FaultKind::Unreachable, tokens);
-                    return;
-                }
-                if plan.fate == Fate::Dropped {
-                    w.history
-                        .call_fault(Some(client), now, FaultKind::DroppedRequest, tokens);
-                    return;
-                }
-                w.replicate(now);
-                let answer = op(&mut w, now);
-                if w.history.tracing {
-                    let line = format!("client {client}: {what} -> {answer:?}");
-                    w.history.trace(now, line);
-                }
-                let kind = match plan.fate {
-                    Fate::LostReply => Some(FaultKind::LostReply),
-                    Fate::Slow => Some(FaultKind::SlowReply),
-                    Fate::Sluggish => Some(FaultKind::Sluggish),
-                    Fate::Normal | Fate::Dropped => None,
-                };
-                if let Some(kind) = kind {
-                    w.history.call_fault(Some(client), now, kind, tokens);
-                }
-                if plan.fate == Fate::LostReply {
-                    return;
-                }
-                answer
-            };
-            tokio::time::sleep(plan.back).await;
-            let _ = tx.send(answer);
-        });
-        let deadline = sent + timeout;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(_)) => {
-                // No answer is coming: the client learns it at its timeout.
-                tokio::time::sleep_until(deadline).await;
-                Err(no_answer(timeout))
-            }
-            Err(_) => Err(no_answer(timeout)),
-        }
-    }
-}
-
-fn no_answer(timeout: Duration) -> LockError {
-    LockError::Backend(BackendError::transient(format!(
-        "simulated store: no answer within {timeout:?}"
-    )))
-}
-
-impl LockStore for SimStore {
-    async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        let owned = OwnedAcquire {
-            key: r.names.key().to_owned(),
-            record: r.names.record().to_owned(),
-            fence: r.names.fence().to_owned(),
-            done: r.names.done().to_owned(),
-            token: r.token.to_owned(),
-            owner: r.owner.to_owned(),
-            ttl: r.ttl,
-            min_hold: r.min_hold,
-            once: r.once,
-            sent: Instant::now(),
-        };
-        let client = self.client;
-        let what = format!(
-            "acquire {} {}",
-            owned.key,
-            &owned.token[..6.min(owned.token.len())]
-        );
-        let tokens = vec![owned.token.clone()];
-        self.call(what, tokens, move |w, now| w.acquire(client, &owned, now))
-            .await
-    }
-
-    async fn release(
-        &self,
-        names: &KeyNames,
-        token: &str,
-        done_retention: Option<Duration>,
-    ) -> Result<ReleaseOutcome, LockError> {
-        let owned = OwnedRelease {
-            record: names.record().to_owned(),
-            done: names.done().to_owned(),
-            channel: names.channel().to_owned(),
-            token: token.to_owned(),
-            done_retention,
-        };
-        let what = format!(
-            "release {} {}",
-            owned.record,
-            &owned.token[..6.min(owned.token.len())]
-        );
-        let tokens = vec![owned.token.clone()];
-        self.call(what, tokens, move |w, now| w.release(&owned, now))
-            .await
-    }
-
-    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        let items = items.to_vec();
-        let what = format!("extend {} items", items.len());
-        let tokens = items.iter().map(|i| i.token.clone()).collect();
-        self.call(what, tokens, move |w, now| w.extend(&items, now))
-            .await
-    }
-
-    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
-        let record = names.record().to_owned();
-        self.call(format!("inspect {record}"), Vec::new(), move |w, now| {
-            w.inspect(&record, now)
-        })
-        .await
-    }
-
-    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
-        // Registered before the subscribe goes out, so nothing published after the server
-        // has it is missed; an extra wake-up is harmless.
-        let hub = lock(&self.world).hubs[self.client].clone();
-        let watch = hub.subscribe(names.channel());
-        self.call(
-            format!("subscribe {}", names.channel()),
-            Vec::new(),
-            |_, _| (),
-        )
-        .await?;
-        Ok(watch)
-    }
-
-    // The simulation checks locking under faults; operators' calls are tested on the real
-    // stores (the kit's list_and_force_release, lockctl's end-to-end tests).
-    async fn list(&self, _: &str, _: &str) -> Result<Vec<(String, RecordView)>, LockError> {
-        Err(BackendError::new("the simulated store does not model listing").into())
-    }
-
-    async fn force_release(&self, _: &KeyNames, _: u64) -> Result<bool, LockError> {
-        Err(BackendError::new("the simulated store does not model forced releases").into())
-    }
+pub(super) struct OwnedRelease {
+    pub(super) record: String,
+    pub(super) done: String,
+    pub(super) channel: String,
+    pub(super) token: String,
+    pub(super) done_retention: Option<Duration>,
 }

@@ -48,7 +48,7 @@ impl RedisBackend {
 
     /// Subscribes this server's subscriber connection (started on first use) to `channel`;
     /// resolves once the server confirmed. `Err(None)`: the subscriber task is gone.
-    pub(crate) async fn subscribe(&self, channel: &str) -> Result<(), Option<redis::RedisError>> {
+    async fn subscribe(&self, channel: &str) -> Result<(), Option<redis::RedisError>> {
         let subscriber = self
             .subscriber
             .get_or_try_init(|| self.start_subscriber())
@@ -67,7 +67,7 @@ impl RedisBackend {
     }
 
     /// A handle on the running subscriber, if it was started.
-    pub(crate) fn subscriber_handle(&self) -> Option<SubscriberHandle> {
+    fn subscriber_handle(&self) -> Option<SubscriberHandle> {
         self.subscriber.get().map(|s| SubscriberHandle {
             commands: s.commands.clone(),
         })
@@ -179,49 +179,33 @@ impl RedisBackend {
 
 /// A cloneable way to ask a server's subscriber task to drop or rotate a subscription.
 #[derive(Debug, Clone)]
-pub(crate) struct SubscriberHandle {
+pub(super) struct SubscriberHandle {
     commands: mpsc::UnboundedSender<SubscriberCommand>,
 }
 
 impl SubscriberHandle {
-    pub(crate) fn unsubscribe(&self, channel: &str) {
+    fn unsubscribe(&self, channel: &str) {
         let _ = self
             .commands
             .send(SubscriberCommand::Unsubscribe(channel.to_owned()));
     }
 
-    pub(crate) fn requeue(&self, channel: &str) {
+    fn requeue(&self, channel: &str) {
         let _ = self
             .commands
             .send(SubscriberCommand::Requeue(channel.to_owned()));
     }
 
-    /// A watch of `channel` on these subscribers that unsubscribes when dropped.
-    pub(crate) fn watch_all(
-        handles: Vec<SubscriberHandle>,
-        notify: Arc<tokio::sync::Notify>,
-        channel: &str,
-    ) -> ReleaseWatch {
-        let on_drop_handles = handles.clone();
+    /// A watch of `channel` on this subscriber that unsubscribes when dropped.
+    fn watch(self, notify: Arc<tokio::sync::Notify>, channel: &str) -> ReleaseWatch {
+        let on_drop = self.clone();
         let drop_channel = channel.to_owned();
         let requeue_channel = channel.to_owned();
         ReleaseWatch::new(
             notify,
-            Some(Box::new(move || {
-                for h in &on_drop_handles {
-                    h.unsubscribe(&drop_channel);
-                }
-            })),
+            Some(Box::new(move || on_drop.unsubscribe(&drop_channel))),
         )
-        .with_requeue(Box::new(move || {
-            for h in &handles {
-                h.requeue(&requeue_channel);
-            }
-        }))
-    }
-
-    fn watch(self, notify: Arc<tokio::sync::Notify>, channel: &str) -> ReleaseWatch {
-        Self::watch_all(vec![self], notify, channel)
+        .with_requeue(Box::new(move || self.requeue(&requeue_channel)))
     }
 }
 
