@@ -22,6 +22,7 @@ mod listing;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod pubsub;
 mod redis;
 mod redlock;
 mod sentinel;
@@ -32,6 +33,7 @@ pub use listing::{QuorumView, key_matches, key_of_record};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
+pub use pubsub::{PubSubConnection, PubSubEvent, Subscriber};
 pub(crate) use redis::{RedisBackend, RedisOptions};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 /// The PostgreSQL driver the store is built on (cargo feature `postgres`), so a

@@ -13,12 +13,11 @@ mod replication;
 mod subscriber;
 mod version;
 
-use subscriber::Subscriber;
-
 use super::conn::{Conn, cluster_builder, open_client, slot};
 use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec, is_readonly};
 use super::{
     AcquireOutcome, ExtendItem, KeyNames, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
+    Subscriber,
 };
 use crate::config::{millis_ceil, redact_url, url_secret};
 use crate::error::scrub;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::wakeups::Wakeups;
+
 /// A fault the simulation injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
@@ -31,6 +33,9 @@ pub enum FaultKind {
     Pause,
     /// A runtime shut down.
     Shutdown,
+    /// A client's subscriber connection dropped (it reconnects by itself). Excuses no missed
+    /// wake-up once it is back: the runtime must then wake its waiters.
+    SubscriberDrop,
 }
 
 /// What a store (one deployment) granted, to whom, when.
@@ -74,11 +79,11 @@ impl Hold {
 /// One injected fault: of the store (`client` None), of a client, or of one call of a client
 /// (`tokens`: the leases the call was about).
 #[derive(Debug, Clone)]
-struct Fault {
-    client: Option<usize>,
-    at: Instant,
-    kind: FaultKind,
-    tokens: Vec<String>,
+pub(super) struct Fault {
+    pub(super) client: Option<usize>,
+    pub(super) at: Instant,
+    pub(super) kind: FaultKind,
+    pub(super) tokens: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -111,10 +116,14 @@ pub struct History {
     /// Record every store call (`SIM_TRACE=1`), for the story of a failing seed.
     pub tracing: bool,
     calls: Vec<(Instant, String)>,
+    /// How many deployments the run has (the wake-up rule applies to one).
+    deployments: usize,
+    /// What the wake-up rule reads.
+    pub(super) wakeups: Wakeups,
 }
 
 impl History {
-    pub(super) fn new(start: Instant) -> Self {
+    pub(super) fn new(start: Instant, deployments: usize) -> Self {
         History {
             start,
             grants: Vec::new(),
@@ -129,6 +138,22 @@ impl History {
             writes: (0, 0),
             tracing: std::env::var_os("SIM_TRACE").is_some(),
             calls: Vec::new(),
+            deployments,
+            wakeups: Wakeups::default(),
+        }
+    }
+
+    /// `client`'s subscriber connection to `node` dropped.
+    pub(super) fn outage_start(&mut self, client: usize, node: usize, at: Instant) {
+        if node == 0 {
+            self.wakeups.outage_start(client, at);
+        }
+    }
+
+    /// `client`'s subscriber connection to `node` is back.
+    pub(super) fn outage_end(&mut self, client: usize, node: usize, at: Instant) {
+        if node == 0 {
+            self.wakeups.outage_end(client, at);
         }
     }
 
@@ -337,6 +362,17 @@ impl History {
         self.check_fences(&mut verdict);
         self.check_orphans(run_end, orphan_bound, &mut verdict);
         self.check_losses(&mut verdict);
+        if self.deployments == 1 {
+            self.wakeups.check(
+                &self.grants,
+                &self.freed,
+                &self.faults,
+                run_end,
+                orphan_bound,
+                self.start,
+                &mut verdict,
+            );
+        }
         verdict
     }
 

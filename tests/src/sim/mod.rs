@@ -12,7 +12,9 @@
 //! over the recorded history (see [`History::check`]).
 
 mod history;
+mod pubsub;
 mod store;
+mod wakeups;
 mod workload;
 mod world;
 

@@ -6,37 +6,68 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::store::{
-    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseOutcome,
-    ReleaseWatch, Renewal,
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber,
 };
 use lock_runtime::{BackendError, LockError};
 use tokio::time::Instant;
 
 use super::history::FaultKind;
+use super::pubsub::SimPubSub;
 use super::world::{Fate, OwnedAcquire, OwnedRelease, World, lock};
 
-/// One runtime's connection to the simulated world.
+/// One runtime's connection to the simulated world: commands, and a subscriber connection
+/// driven by the runtime's own [`Subscriber`] task.
 #[derive(Debug, Clone)]
 pub struct SimStore {
-    world: Arc<Mutex<World>>,
-    client: usize,
-    node: usize,
+    line: Line,
+    subscriber: Arc<Subscriber>,
+}
+
+/// Who talks to which deployment.
+#[derive(Debug, Clone)]
+pub(super) struct Line {
+    pub(super) world: Arc<Mutex<World>>,
+    pub(super) client: usize,
+    pub(super) node: usize,
 }
 
 impl SimStore {
-    /// Client number `client` of `world`, talking to its deployment number `node`.
+    /// Client number `client` of `world`, talking to its deployment number `node`. Starts
+    /// the client's subscriber there (inside a tokio runtime).
     pub fn new(world: Arc<Mutex<World>>, client: usize, node: usize) -> Self {
-        SimStore {
+        let line = Line {
             world,
             client,
             node,
+        };
+        let events = lock(&line.world).open_line(client, node);
+        let subscriber = Subscriber::spawn(
+            SimPubSub::new(line.clone()),
+            events,
+            Arc::new(ReleaseHub::new()),
+        );
+        SimStore {
+            line,
+            subscriber: Arc::new(subscriber),
         }
     }
 
-    /// Sends `op` to the master of this store's deployment. The request travels on its own (it lands even if the caller
-    /// gives up), is applied at arrival, and the reply travels back; the caller waits at most
-    /// the world's timeout.
     async fn call<T: Send + std::fmt::Debug + 'static>(
+        &self,
+        what: String,
+        tokens: Vec<String>,
+        op: impl FnOnce(&mut World, usize, Instant) -> T + Send + 'static,
+    ) -> Result<T, LockError> {
+        self.line.call(what, tokens, op).await
+    }
+}
+
+impl Line {
+    /// Sends `op` to the master of this line's deployment. The request travels on its own
+    /// (it lands even if the caller gives up), is applied at arrival, and the reply travels
+    /// back; the caller waits at most the world's timeout.
+    pub(super) async fn call<T: Send + std::fmt::Debug + 'static>(
         &self,
         what: String,
         tokens: Vec<String>,
@@ -125,7 +156,7 @@ impl LockStore for SimStore {
             once: r.once,
             sent: Instant::now(),
         };
-        let client = self.client;
+        let client = self.line.client;
         let what = format!(
             "acquire {} {}",
             owned.key,
@@ -184,17 +215,7 @@ impl LockStore for SimStore {
     }
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
-        // Registered before the subscribe goes out, so nothing published after the server
-        // has it is missed; an extra wake-up is harmless.
-        let hub = lock(&self.world).hubs[self.client][self.node].clone();
-        let watch = hub.subscribe(names.channel());
-        self.call(
-            format!("subscribe {}", names.channel()),
-            Vec::new(),
-            |_, _, _| (),
-        )
-        .await?;
-        Ok(watch)
+        self.subscriber.watch(names.channel()).await
     }
 
     // The simulation checks locking under faults; operators' calls are tested on the real

@@ -264,6 +264,18 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
     }
     let faults =
         (!calm).then(|| tokio::spawn(fault_driver(ctx.clone(), clients, end, rng.next_u64())));
+    // Subscriber connections drop in every faulty run and in half the calm ones, where the
+    // wake-up rule has no other fault to excuse a waiter that slept through a release. Drawn
+    // apart from the run's generator.
+    let mut drops = XorShift::mixed(seed ^ 0x5ab_d409);
+    let subscriber_drops = (!calm || drops.below(2) == 0).then(|| {
+        tokio::spawn(subscriber_driver(
+            ctx.clone(),
+            clients,
+            end,
+            drops.next_u64(),
+        ))
+    });
     // Sometimes one instance shuts down in the middle of the run.
     if rng.below(3) == 0 {
         let client = rng.below(clients as u64) as usize;
@@ -278,7 +290,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
     }
     tokio::time::sleep_until(end).await;
     ctx.stop.store(true, Ordering::SeqCst);
-    if let Some(f) = faults {
+    for f in [faults, subscriber_drops].into_iter().flatten() {
         f.abort();
     }
     for w in workers {
@@ -399,6 +411,10 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
             .await
             .map(|r| r.map(Some))
         };
+        if waits {
+            let now = Instant::now();
+            ctx.history(|h| h.wakeups.wait(client, &key, started, now));
+        }
         match got {
             None | Some(Err(LockError::Shutdown)) => return,
             Some(Ok(Some(guard))) => hold(&ctx, guard, client, ttl, renewed, &mut rng).await,
@@ -467,7 +483,7 @@ async fn hold(
         }
         tokio::time::sleep(nap).await;
         if paused {
-            ctx.world().heal(client);
+            ctx.world().heal(client, Instant::now());
         }
         let lost = lease.is_lost();
         if seen_lost && !lost {
@@ -580,7 +596,7 @@ async fn fault_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(until).await;
-                    ctx.world().heal(client);
+                    ctx.world().heal(client, Instant::now());
                 });
             }
             3 => {
@@ -597,6 +613,30 @@ async fn fault_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
                 world.set_lag(node, now, ms(rng.below(3)))
             }
         }
+    }
+}
+
+/// Drops one client's subscriber connection to one deployment now and then; it comes back
+/// after up to half a second, renewing its subscriptions.
+async fn subscriber_driver(ctx: Arc<Ctx>, clients: usize, end: Instant, seed: u64) {
+    let mut rng = XorShift::mixed(seed);
+    while Instant::now() < end {
+        tokio::time::sleep(ms(100 + rng.below(1500))).await;
+        let client = rng.below(clients as u64) as usize;
+        let now = Instant::now();
+        let node = {
+            let mut world = ctx.world();
+            let node = pick(&mut rng, world.nodes());
+            world.drop_subscriber(client, node, now);
+            node
+        };
+        let back = now + ms(rng.below(500));
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(back).await;
+            ctx.world()
+                .reconnect_subscriber(client, node, Instant::now());
+        });
     }
 }
 

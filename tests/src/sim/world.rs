@@ -6,15 +6,14 @@
 //! so one seed replays the same run on a current-thread runtime with paused time.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use lock_runtime::store::{
-    AcquireOutcome, ExtendItem, RecordView, ReleaseHub, ReleaseOutcome, Renewal,
-};
+use lock_runtime::store::{AcquireOutcome, ExtendItem, RecordView, ReleaseOutcome, Renewal};
 use tokio::time::Instant;
 
 use super::history::{FaultKind, Grant, History};
+use super::pubsub::SubLine;
 use crate::rng::XorShift;
 
 /// How often the network misbehaves, per thousand calls, and how slow it is.
@@ -133,13 +132,13 @@ impl Deployment {
 pub struct World {
     rng: XorShift,
     nodes: Vec<Deployment>,
-    partitioned_until: Vec<Instant>,
+    pub(super) partitioned_until: Vec<Instant>,
     /// When the last request of each client to each deployment arrives: one connection per
     /// client and deployment, so requests arrive in the order they were sent (as on a Redis
     /// connection).
     pub(super) last_arrival: Vec<Vec<Instant>>,
     /// Per client, per deployment: the client's subscriber connection there.
-    pub(super) hubs: Vec<Vec<Arc<ReleaseHub>>>,
+    pub(super) subs: Vec<Vec<SubLine>>,
     net: NetFaults,
     /// The client-side timeout of one call.
     pub timeout: Duration,
@@ -163,15 +162,15 @@ impl World {
             nodes: (0..nodes).map(|_| Deployment::new(now)).collect(),
             partitioned_until: vec![now; clients],
             last_arrival: vec![vec![now; nodes]; clients],
-            hubs: (0..clients)
-                .map(|_| (0..nodes).map(|_| Arc::new(ReleaseHub::new())).collect())
+            subs: (0..clients)
+                .map(|_| (0..nodes).map(|_| SubLine::default()).collect())
                 .collect(),
             net,
             timeout,
             start: now,
             // A fixed wall clock, so fences replay too.
             base_us: 1_800_000_000_000_000,
-            history: History::new(now),
+            history: History::new(now, nodes),
         }
     }
 
@@ -276,16 +275,6 @@ impl World {
         self.history.freed(&r.token, node, now);
         self.publish(node, now, &r.channel);
         ReleaseOutcome::Released
-    }
-
-    /// A release announced, kept for min_hold or not (as the Redis script does).
-    fn publish(&self, node: usize, now: Instant, channel: &str) {
-        for (client, hubs) in self.hubs.iter().enumerate() {
-            // Pub/sub is not replayed: a partitioned client misses the message.
-            if now >= self.partitioned_until[client] {
-                hubs[node].notify(channel);
-            }
-        }
     }
 
     pub(super) fn extend(
@@ -408,16 +397,20 @@ impl World {
     }
 
     /// Cuts `client` off the store until `until`.
+    /// Its subscriber connections drop too, until [`heal`](Self::heal).
     pub fn partition(&mut self, client: usize, now: Instant, until: Instant) {
         self.partitioned_until[client] = self.partitioned_until[client].max(until);
         self.history.fault(Some(client), now, FaultKind::Partition);
+        for node in 0..self.nodes.len() {
+            self.drop_line(client, node, now);
+        }
     }
 
-    /// The client's subscription comes back: its waiters are woken, as the Redis subscriber
-    /// does after re-subscribing.
-    pub fn heal(&mut self, client: usize) {
-        for hub in &self.hubs[client] {
-            hub.notify_all();
+    /// The client's cut is over (unless a longer one still runs): its subscriber connections
+    /// come back and renew their subscriptions.
+    pub fn heal(&mut self, client: usize, now: Instant) {
+        for node in 0..self.nodes.len() {
+            self.reconnect_subscriber(client, node, now);
         }
     }
 

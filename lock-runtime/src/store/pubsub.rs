@@ -1,0 +1,182 @@
+//! The waiting side of a store whose release announcements arrive over a subscription
+//! connection that can drop (Redis pub/sub; any store with a similar feed): one task per
+//! connection performs every (un)subscription in order and turns what the connection reports
+//! into wake-ups, so that no release is missed across a reconnect.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{ReleaseHub, ReleaseWatch};
+use crate::{BackendError, LockError};
+
+/// What a subscription connection reports to its [`Subscriber`], in the order it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PubSubEvent {
+    /// A release was announced on this channel.
+    Message(String),
+    /// The server confirmed a subscription to this channel: one the [`Subscriber`] asked for,
+    /// or one the connection renewed by itself after reconnecting.
+    Subscribed(String),
+    /// The connection dropped: announcements may be lost until each channel is
+    /// [`Subscribed`](PubSubEvent::Subscribed) again.
+    Disconnected,
+}
+
+/// A subscription connection, driven by one [`Subscriber`] task: the only caller of these
+/// methods, one at a time. After a drop, the connection reconnects and renews its
+/// subscriptions by itself, reporting each as [`PubSubEvent::Subscribed`] (Redis clients do),
+/// or does it in [`disconnected`](Self::disconnected).
+pub trait PubSubConnection: Send + 'static {
+    /// Subscribes to `channel`; resolves once the server confirmed.
+    fn subscribe(&mut self, channel: &str) -> impl Future<Output = Result<(), LockError>> + Send;
+
+    /// Ends the subscription to `channel`.
+    fn unsubscribe(&mut self, channel: &str) -> impl Future<Output = Result<(), LockError>> + Send;
+
+    /// Called after each [`PubSubEvent::Disconnected`], with every channel watched now. A
+    /// connection that moves to another server (a Sentinel failover) subscribes there to
+    /// `watched` and answers true; every waiter is then woken. The default answers false: the
+    /// connection renews its own subscriptions and reports each.
+    fn disconnected(&mut self, watched: &[String]) -> impl Future<Output = bool> + Send {
+        let _ = watched;
+        async { false }
+    }
+}
+
+/// Work for the subscriber task.
+#[derive(Debug)]
+enum Command {
+    Subscribe(String, oneshot::Sender<Result<(), LockError>>),
+    Unsubscribe(String),
+    Requeue(String),
+}
+
+/// The waiting side of one subscription connection: [`watch`](Self::watch) gives a
+/// [`ReleaseWatch`] for [`LockStore::watch_releases`](super::LockStore::watch_releases), and a
+/// task owned by this value keeps the subscriptions and wakes the watchers:
+/// - an announced release wakes its channel's watchers;
+/// - a dropped connection wakes every watcher (releases may have passed unheard), and so does
+///   each channel's renewed subscription once confirmed: a release announced between the drop
+///   and the renewal was lost, and nobody else would wake them before the holder's ttl;
+/// - the first watcher of a channel subscribes, the last one gone unsubscribes, in order, so a
+///   watcher that arrives as the last one leaves is never unsubscribed by mistake.
+///
+/// The task ends when this value and every watch it gave are dropped.
+#[derive(Debug)]
+pub struct Subscriber {
+    commands: mpsc::UnboundedSender<Command>,
+    hub: Arc<ReleaseHub>,
+}
+
+impl Subscriber {
+    /// Starts the task for `conn`, whose reports arrive on `events`; it wakes the watchers
+    /// through `hub` (which the store may also notify itself, for releases it makes locally).
+    pub fn spawn(
+        conn: impl PubSubConnection,
+        events: mpsc::UnboundedReceiver<PubSubEvent>,
+        hub: Arc<ReleaseHub>,
+    ) -> Self {
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(conn, events, command_rx, Arc::downgrade(&hub)));
+        Subscriber { commands, hub }
+    }
+
+    /// A live watch on `channel`: subscribed (the first watcher of a channel waits for the
+    /// server's confirmation) and woken as described on [`Subscriber`]. Dropping the last
+    /// watch of a channel unsubscribes it.
+    pub async fn watch(&self, channel: &str) -> Result<ReleaseWatch, LockError> {
+        let (notify, first) = self.hub.watch(channel);
+        if first {
+            let (ack_tx, ack_rx) = oneshot::channel();
+            self.commands
+                .send(Command::Subscribe(channel.to_owned(), ack_tx))
+                .map_err(|_| stopped())?;
+            ack_rx.await.map_err(|_| stopped())??;
+        }
+        let on_drop = self.commands.clone();
+        let on_requeue = self.commands.clone();
+        let (drop_channel, requeue_channel) = (channel.to_owned(), channel.to_owned());
+        Ok(ReleaseWatch::new(
+            notify,
+            Some(Box::new(move || {
+                let _ = on_drop.send(Command::Unsubscribe(drop_channel));
+            })),
+        )
+        .with_requeue(Box::new(move || {
+            let _ = on_requeue.send(Command::Requeue(requeue_channel.clone()));
+        })))
+    }
+}
+
+fn stopped() -> LockError {
+    BackendError::new("the subscriber connection's task has stopped").into()
+}
+
+/// The task: reports before commands at each turn (a fixed order, so a simulation replays).
+async fn run(
+    mut conn: impl PubSubConnection,
+    mut events: mpsc::UnboundedReceiver<PubSubEvent>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    hub: Weak<ReleaseHub>,
+) {
+    // Channels watched when the connection dropped and not yet confirmed again.
+    let mut unconfirmed: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            event = events.recv() => {
+                let Some(event) = event else { break };
+                let Some(hub) = hub.upgrade() else { break };
+                match event {
+                    PubSubEvent::Message(channel) => hub.notify(&channel),
+                    PubSubEvent::Subscribed(channel) => {
+                        if unconfirmed.remove(&channel) {
+                            hub.notify(&channel);
+                        }
+                    }
+                    PubSubEvent::Disconnected => {
+                        // Only what is watched now: a channel nobody waits on any more is not
+                        // renewed, and must not linger here.
+                        let watched = hub.channels();
+                        unconfirmed = watched.iter().cloned().collect();
+                        hub.notify_all();
+                        if conn.disconnected(&watched).await {
+                            unconfirmed.clear();
+                            hub.notify_all();
+                        }
+                    }
+                }
+            }
+            command = commands.recv() => {
+                let Some(command) = command else { break };
+                let Some(hub) = hub.upgrade() else { break };
+                match command {
+                    Command::Subscribe(channel, ack) => {
+                        let _ = ack.send(conn.subscribe(&channel).await);
+                    }
+                    Command::Unsubscribe(channel) => {
+                        // A watcher may have come back for it meanwhile.
+                        if hub.forget_if_unwatched(&channel) {
+                            unconfirmed.remove(&channel);
+                            let _ = conn.unsubscribe(&channel).await;
+                        }
+                    }
+                    Command::Requeue(channel) => {
+                        // Redis delivers a message to subscribers in subscription order, so
+                        // the first subscriber's waiters would always win the race for a
+                        // released lock. Moving to the back after each win rotates the
+                        // advantage between runtimes.
+                        let _ = conn.unsubscribe(&channel).await;
+                        let _ = conn.subscribe(&channel).await;
+                        // A release announced between the two was not heard: retry.
+                        hub.notify(&channel);
+                    }
+                }
+            }
+        }
+    }
+}
