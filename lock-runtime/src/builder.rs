@@ -203,7 +203,8 @@ impl LockRuntimeBuilder {
     /// 3, independent of each other). Every member must implement
     /// [`LockStore::raise_fence`]; the built-in [`MemoryStore`] does, so a quorum of memory
     /// stores lets a test exercise Redlock's logic without servers. Each call of a member is
-    /// bounded by [`node_timeout`](Self::node_timeout).
+    /// bounded by [`node_timeout`](Self::node_timeout) (a listing, by a minute). A member that
+    /// does not implement `raise_fence` makes the first acquire fail with that error.
     pub fn redlock_stores<I, S>(self, stores: I) -> Self
     where
         I: IntoIterator<Item = S>,

@@ -159,3 +159,77 @@ async fn a_waiter_rides_out_every_master_stalling() {
     let got = got.expect("the waiter gets the lock after the release");
     assert!(got.lease().fence() > 0);
 }
+
+/// Once nobody waits for a lock any more, no master keeps a subscription to its channel: a
+/// combined watch lets go of every member's watch. Before, a member's unsubscribe could run
+/// while the task forwarding its wake-ups still held its notifier, and was skipped; its client
+/// renews the subscription after every reconnect: stale subscriptions pile up per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_master_keeps_a_subscription_once_nobody_waits() {
+    // Before the fix, one round in eight or so left a subscription behind.
+    const ROUNDS: usize = 20;
+    let mut store = TestStore::redlock();
+    let holder = store.runtime().await;
+    let waiter = store.runtime().await;
+    for round in 0..ROUNDS {
+        let key = format!("subscribed-{round}");
+        let guard = holder
+            .lock(key.clone())
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        let waiting = {
+            let waiter = waiter.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock(key)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(guard.release().await.expect("release"));
+        let got = waiting.await.expect("join").expect("the waiter gets it");
+        assert!(got.release().await.expect("release"));
+    }
+    let channels: Vec<String> = (0..ROUNDS)
+        .map(|round| {
+            lock_runtime::store::KeyNames::new("lock", &format!("subscribed-{round}"))
+                .channel()
+                .to_owned()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut left = Vec::new();
+        for server in servers(&mut store).iter() {
+            let mut conn = server
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            for channel in &channels {
+                let reply: Vec<redis::Value> = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(channel)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PUBSUB NUMSUB");
+                let n: i64 = redis::from_redis_value(reply[1].clone()).expect("a count");
+                if n > 0 {
+                    left.push(format!("{}: {channel}", server.port()));
+                }
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "subscriptions left 5 s after the last waiter: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

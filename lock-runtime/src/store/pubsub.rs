@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Weak};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::{ReleaseHub, ReleaseWatch};
 use crate::{BackendError, LockError};
@@ -89,13 +89,20 @@ impl Subscriber {
     /// server's confirmation) and woken as described on [`Subscriber`]. Dropping the last
     /// watch of a channel unsubscribes it.
     pub async fn watch(&self, channel: &str) -> Result<ReleaseWatch, LockError> {
-        let (notify, first) = self.hub.watch(channel);
+        let (mut notify, first) = self.hub.watch(channel);
         if first {
             let (ack_tx, ack_rx) = oneshot::channel();
             self.commands
                 .send(Command::Subscribe(channel.to_owned(), ack_tx))
                 .map_err(|_| stopped())?;
+            // Given up before the answer (the caller's timeout) or refused, the subscription
+            // may be made all the same: the task then drops it unless someone watches.
+            let undo = Undo {
+                notify: Some(notify),
+                unsubscribe: Some((self.commands.clone(), channel.to_owned())),
+            };
             ack_rx.await.map_err(|_| stopped())??;
+            notify = undo.disarm();
         }
         let on_drop = self.commands.clone();
         let on_requeue = self.commands.clone();
@@ -109,6 +116,32 @@ impl Subscriber {
         .with_requeue(Box::new(move || {
             let _ = on_requeue.send(Command::Requeue(requeue_channel.clone()));
         })))
+    }
+}
+
+/// A subscribe under way: dropped armed, it lets go of the watcher's notifier first and then
+/// asks for the unsubscribe, which the task makes only if nobody watches the channel.
+struct Undo {
+    notify: Option<Arc<Notify>>,
+    unsubscribe: Option<(mpsc::UnboundedSender<Command>, String)>,
+}
+
+impl Undo {
+    /// The subscription stands: hands the notifier back.
+    fn disarm(mut self) -> Arc<Notify> {
+        self.unsubscribe = None;
+        self.notify
+            .take()
+            .unwrap_or_else(|| Arc::new(Notify::new()))
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        drop(self.notify.take());
+        if let Some((commands, channel)) = self.unsubscribe.take() {
+            let _ = commands.send(Command::Unsubscribe(channel));
+        }
     }
 }
 

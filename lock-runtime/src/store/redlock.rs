@@ -65,11 +65,13 @@ fn joined(errors: &[NodeError]) -> String {
         .join("; ")
 }
 
-/// A failure made of the members' errors: transient when each of them was (members that did
-/// not answer in time, or lost their connection), so waiters ride it out as they would an
-/// outage of one server.
-fn failure(message: String, errors: &[NodeError]) -> LockError {
-    if !errors.is_empty() && errors.iter().all(|e| e.transient) {
+/// A failure made of the members' errors: transient while the members that failed for good
+/// (a refused command, a wrong password, a store that cannot serve in a quorum) still leave
+/// room for a quorum, so waiters ride out the rest (members that did not answer in time or
+/// lost their connection) as they would an outage of one server; final once they do not.
+fn failure(message: String, errors: &[NodeError], members: usize, quorum: usize) -> LockError {
+    let lasting = errors.iter().filter(|e| !e.transient).count();
+    if lasting <= members - quorum {
         BackendError::transient(message).into()
     } else {
         BackendError::new(message).into()
@@ -292,6 +294,26 @@ impl RedlockBackend {
                 return Ok(AcquireOutcome::Acquired { fence });
             }
             tracing::debug!(key = %names.key, stamped, "redlock fence could not be set on a quorum; giving the lock back");
+            // Members that cannot lift fences at all (a store without `raise_fence`) must
+            // say so rather than look like a lock that is always held.
+            let refused: Vec<NodeError> = lifted
+                .into_iter()
+                .filter_map(Result::err)
+                .filter(|e| !e.transient)
+                .collect();
+            if refused.len() > self.nodes.len() - self.quorum {
+                self.release(names, token, None).await.ok();
+                return Err(failure(
+                    format!(
+                        "redlock: the fence of `{}` could not be lifted on a quorum: {}",
+                        names.key,
+                        joined(&refused)
+                    ),
+                    &refused,
+                    self.nodes.len(),
+                    self.quorum,
+                ));
+            }
         }
         // Not ours: give back what we got, on every node that granted it or did not answer in
         // time (a late answer may be a grant). The release follows the acquire on each node's
@@ -306,17 +328,21 @@ impl RedlockBackend {
             });
         }
         if errors.len() > n - self.quorum {
-            // Transient: waiters ride out an outage of a majority, as of a single server.
-            return Err(BackendError::transient(format!(
-                "redlock: only {} of {n} masters answered for `{}`, a quorum is {} ({} granted, {} held); failures: {}",
-                n - errors.len(),
-                names.key,
+            // Waiters ride out an outage of a majority, as of a single server.
+            return Err(failure(
+                format!(
+                    "redlock: only {} of {n} masters answered for `{}`, a quorum is {} ({} granted, {} held); failures: {}",
+                    n - errors.len(),
+                    names.key,
+                    self.quorum,
+                    fences.len(),
+                    held_pttls.len(),
+                    joined(&errors)
+                ),
+                &errors,
+                n,
                 self.quorum,
-                fences.len(),
-                held_pttls.len(),
-                joined(&errors)
-            ))
-            .into());
+            ));
         }
         // Held elsewhere: retry when the records expire (or on a release). A split vote
         // between contenders, or a grant that came too late, retries after a random delay so
@@ -368,6 +394,8 @@ impl RedlockBackend {
                     joined(&errors)
                 ),
                 &errors,
+                self.nodes.len(),
+                self.quorum,
             ))
         } else {
             Ok(ReleaseOutcome::NotOwner)
@@ -405,6 +433,8 @@ impl RedlockBackend {
                     joined(&errors)
                 ),
                 &errors,
+                self.nodes.len(),
+                self.quorum,
             ));
         }
         Ok(votes.into_iter().map(|v| v >= self.quorum).collect())
@@ -494,15 +524,18 @@ impl RedlockBackend {
             return Err(failure(
                 format!("redlock {what} reached too few masters: {}", joined(errors)),
                 errors,
+                self.nodes.len(),
+                self.quorum,
             ));
         }
         Ok(())
     }
 
     /// Watches releases on every member that accepts the watch; a release announced by any
-    /// of them wakes the waiters. Each member's watch is forwarded by a small task, listening
-    /// from the instant that member's watch is live (not from when the slowest member
-    /// answers), so no release in between goes unheard.
+    /// of them wakes the waiters. Each member's watch is forwarded by a small task of its own,
+    /// listening from when that member's answer reached its fan-out task (not from when the
+    /// slowest member answers). A release before the combined watch is returned is seen by
+    /// the runtime's next attempt anyway; this only saves waiting for the holder's ttl.
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
         let answers = {
             let names = names.clone();
@@ -518,47 +551,51 @@ impl RedlockBackend {
             .await
         };
         let notify = Arc::new(Notify::new());
-        let mut watches = Vec::new();
         let mut forwarders = Vec::new();
+        let mut requeues = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
-                Ok(MemberWatch { watch, next }) => {
-                    let source = watch.notify.clone();
-                    let target = Arc::downgrade(&notify);
-                    forwarders.push(tokio::spawn(forward(source, next, target)).abort_handle());
-                    watches.push(watch);
+                Ok(MemberWatch { mut watch, next }) => {
+                    requeues.extend(watch.take_requeue());
+                    let forwarding = Forwarding {
+                        next,
+                        source: watch.notify.clone(),
+                        target: Arc::downgrade(&notify),
+                        _watch: watch,
+                    };
+                    forwarders.push(tokio::spawn(forward(forwarding)).abort_handle());
                 }
                 Err(e) => errors.push(e),
             }
         }
-        if watches.is_empty() {
-            // Transient when every member just failed to answer: waiters keep waiting until
+        if forwarders.is_empty() {
+            // Transient unless every member refused for good: waiters keep waiting until
             // their deadline, as they do through one server's outage (found by the
             // simulation, seed 3: they gave up at once).
-            return Err(failure(
-                format!(
-                    "cannot wait for `{}`: no redlock member accepted the watch: {}",
-                    names.key,
-                    joined(&errors)
-                ),
-                &errors,
-            ));
+            let message = format!(
+                "cannot wait for `{}`: no redlock member accepted the watch: {}",
+                names.key,
+                joined(&errors)
+            );
+            return Err(if errors.iter().any(|e| e.transient) {
+                BackendError::transient(message).into()
+            } else {
+                BackendError::new(message).into()
+            });
         }
-        let watches = Arc::new(watches);
-        let requeued = watches.clone();
         Ok(ReleaseWatch::new(
             notify,
             Some(Box::new(move || {
+                // Each task drops its member's watch as it ends, which unsubscribes there.
                 for forwarder in &forwarders {
                     forwarder.abort();
                 }
-                drop(watches);
             })),
         )
         .with_requeue(Box::new(move || {
-            for watch in requeued.iter() {
-                watch.requeue();
+            for requeue in &requeues {
+                requeue();
             }
         })))
     }
@@ -574,17 +611,29 @@ fn check_members(n: usize) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Wakes `target`'s waiters each time `source` wakes, until `target` is gone. The next
-/// wake-up is listened for before the current one is passed on.
-async fn forward(source: Arc<Notify>, mut next: Pin<Box<OwnedNotified>>, target: Weak<Notify>) {
+/// One member's watch and the task's handles on its notifier. Fields drop in order: the
+/// handles first, then the watch, so that the member's unsubscribe, which happens only when
+/// nobody holds the notifier any more, is not skipped.
+struct Forwarding {
+    next: Pin<Box<OwnedNotified>>,
+    source: Arc<Notify>,
+    target: Weak<Notify>,
+    /// Kept for its drop: the member unsubscribes.
+    _watch: ReleaseWatch,
+}
+
+/// Wakes the combined watch's waiters each time the member's watch wakes, until the combined
+/// watch is gone (or this task is aborted). The next wake-up is listened for before the
+/// current one is passed on.
+async fn forward(mut f: Forwarding) {
     loop {
-        next.as_mut().await;
-        let mut following = Box::pin(source.clone().notified_owned());
+        f.next.as_mut().await;
+        let mut following = Box::pin(f.source.clone().notified_owned());
         following.as_mut().enable();
-        let Some(target) = target.upgrade() else {
+        let Some(target) = f.target.upgrade() else {
             return;
         };
         target.notify_waiters();
-        next = following;
+        f.next = following;
     }
 }
