@@ -70,3 +70,5 @@ cargo run -q --locked -p lock-tests --bin with_postgres -- \
 # The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
 # quoted anywhere; the README's table comes from a full release run).
 cargo run -q --locked -p lock-bench -- --quick
+# Where a pair's server time goes, quick mode (it also checks that every variant did its work).
+cargo run -q --locked -p lock-bench -- --script-costs --quick

@@ -8,6 +8,7 @@
 //! cargo run --release -p lock-bench -- --json results.json
 //! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
 //! cargo run -p lock-bench -- --table results.json       # the README's table from a results file
+//! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
 //! ```
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use lock_runtime::LockRuntime;
 use lock_tests::RedisServer;
 use serde_json::json;
 
+mod costs;
 mod handoff;
 mod peers;
 mod pg;
@@ -102,11 +104,13 @@ async fn main() -> anyhow::Result<()> {
     let mut mode = &FULL;
     let mut json_path = None;
     let mut postgres_only = false;
+    let mut script_costs = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--quick" => mode = &QUICK,
             "--postgres-only" => postgres_only = true,
+            "--script-costs" => script_costs = true,
             "--table" => {
                 let path = iter.next().context("--table needs a results file")?;
                 let text =
@@ -118,12 +122,26 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only or --script-costs, and/or --json PATH, or --table PATH"
             ),
         }
     }
     if cfg!(debug_assertions) {
         eprintln!("note: a debug build; run with --release for numbers worth quoting");
+    }
+    if script_costs {
+        let (pairs, rounds) = if mode.name == "quick" {
+            (costs::QUICK_PAIRS, 1)
+        } else {
+            (costs::FULL_PAIRS, costs::FULL_ROUNDS)
+        };
+        let mut report = costs::script_costs(pairs, rounds).await?;
+        report["provenance"] = sys::provenance();
+        if let Some(path) = json_path {
+            std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+            println!("\nwrote {path}");
+        }
+        return Ok(());
     }
     if postgres_only {
         let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
