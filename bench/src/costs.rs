@@ -231,21 +231,12 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         )?,
     )
     .await?;
-    let set_get = load(
+    let get_then_set = load(
         conn,
         &without(
             ACQUIRE,
-            "local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
-if fence < now_us then
-  fence = now_us
-end
-redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])",
-            "local before = tonumber(redis.call('SET', KEYS[2], string.format('%d', now_us), 'PX', ARGV[6], 'GET')) or 0
-local fence = now_us
-if before + 1 > now_us then
-  fence = before + 1
-  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])
-end",
+            "local last = tonumber(redis.call('SET', KEYS[2], string.format('%d', now_us), 'PX', ARGV[6], 'GET')) or 0\nlocal fence = now_us\nif last >= now_us then\n  fence = last + 1\n  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])\nend",
+            "local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1\nif fence < now_us then\n  fence = now_us\nend\nredis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])",
         )?,
     )
     .await?;
@@ -311,8 +302,8 @@ announce()",
             counters: true,
         },
         Variant {
-            label: "ours, fence counter by one SET .. GET",
-            pair: ours(&set_get, &release),
+            label: "ours, fence counter by GET then SET (before 2026-12-01)",
+            pair: ours(&get_then_set, &release),
             counters: true,
         },
         Variant {

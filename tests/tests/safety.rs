@@ -475,6 +475,44 @@ async fn f14_fence_survives_a_lost_counter_redis() {
     second.release().await.expect("release");
 }
 
+/// A counter ahead of the server's clock (the clock stepped back, or a master with a faster
+/// clock wrote it before a failover): fences go on from the counter, one more each time, and
+/// the counter keeps its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_counter_ahead_of_the_clock_goes_on_from_the_counter_redis() {
+    let server = RedisServer::start();
+    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    // About 31 years of microseconds ahead of today's clock, still below 2^53.
+    let ahead: u64 = 3_000_000_000_000_000;
+    let _: () = redis::cmd("SET")
+        .arg("lock:{clock-behind}:fence")
+        .arg(ahead)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    for step in 1..=2u64 {
+        let guard = runtime
+            .lock("clock-behind")
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        assert_eq!(guard.lease().fence(), ahead + step, "acquire {step}");
+        guard.release().await.expect("release");
+    }
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("lock:{clock-behind}:fence")
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert!(pttl > 0, "the counter keeps an expiry: PTTL {pttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f14_every_key_left_behind_expires_redis() {
     let server = RedisServer::start();

@@ -27,14 +27,17 @@ end
 -- microseconds. A counter that expired, or an INCR lost in a failover, cannot make a fence
 -- repeat as long as server clocks are closer together than a failover takes. Integers stay
 -- below 2^53, exact in Lua's doubles; '%d' writes them without an exponent.
+-- One SET .. GET writes the clock part and reads the last fence (Redis 6.2+); only when the
+-- last fence is not below the clock (a clock step back) is the counter written again.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
-if fence < now_us then
-  fence = now_us
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%d', now_us), 'PX', ARGV[6], 'GET')) or 0
+local fence = now_us
+if last >= now_us then
+  fence = last + 1
+  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])
 end
-redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[6])
 local hold = tonumber(ARGV[4])
 -- min_hold_until_ms 0 means "no min_hold", so release can skip reading the clock.
 local hold_until = 0
