@@ -75,6 +75,7 @@ pub struct Subscriber {
 impl Subscriber {
     /// Starts the task for `conn`, whose reports arrive on `events`; it wakes the watchers
     /// through `hub` (which the store may also notify itself, for releases it makes locally).
+    /// Call it inside a tokio runtime (it spawns the task; outside one it panics).
     pub fn spawn(
         conn: impl PubSubConnection,
         events: mpsc::UnboundedReceiver<PubSubEvent>,
@@ -87,7 +88,10 @@ impl Subscriber {
 
     /// A live watch on `channel`: subscribed (the first watcher of a channel waits for the
     /// server's confirmation) and woken as described on [`Subscriber`]. Dropping the last
-    /// watch of a channel unsubscribes it.
+    /// watch of a channel unsubscribes it. A second watcher that arrives while the first one's
+    /// subscribe is still unanswered returns at once; if that subscribe then fails, the second
+    /// watch is not subscribed. The runtime never does this (one watch per lock per runtime);
+    /// a store that watches one channel from several tasks should do the same.
     pub async fn watch(&self, channel: &str) -> Result<ReleaseWatch, LockError> {
         let (mut notify, first) = self.hub.watch(channel);
         if first {

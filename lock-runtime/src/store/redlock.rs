@@ -78,10 +78,12 @@ fn failure(message: String, errors: &[NodeError], members: usize, quorum: usize)
     }
 }
 
-/// A member's live watch, already listening for its next wake-up.
+/// A member's live watch, already listening for its next wake-up. Fields drop in order: the
+/// listener first, so that a combined watch cancelled before it was made still unsubscribes
+/// the member (its unsubscribe is skipped while anyone holds the notifier).
 struct MemberWatch {
-    watch: ReleaseWatch,
     next: Pin<Box<OwnedNotified>>,
+    watch: ReleaseWatch,
 }
 
 impl RedlockBackend {
