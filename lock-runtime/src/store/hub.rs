@@ -141,15 +141,15 @@ impl ReleaseWatch {
         self
     }
 
-    /// After one of its waiters won the lock, gives the other runtimes' waiters the first
-    /// chance at the next release (Redis: re-subscribe, moving to the back of the channel's
-    /// delivery order). Does nothing for stores without delivery order.
     /// Takes out what `requeue` does, for a watch made of others (Redlock's) that keeps it
     /// while their watches live elsewhere.
     pub(crate) fn take_requeue(&mut self) -> Option<Box<dyn Fn() + Send + Sync>> {
         self.on_requeue.take()
     }
 
+    /// After one of its waiters won the lock, gives the other runtimes' waiters the first
+    /// chance at the next release (Redis: re-subscribe, moving to the back of the channel's
+    /// delivery order). Does nothing for stores without delivery order.
     pub(crate) fn requeue(&self) {
         if let Some(f) = &self.on_requeue {
             f();

@@ -308,12 +308,7 @@ impl RedisBackend {
     }
 
     fn error(&self, context: &str, e: redis::RedisError) -> LockError {
-        BackendError::redis(
-            &format!("{context} (Redis at `{}`)", self.shown_url),
-            e,
-            &self.secrets,
-        )
-        .into()
+        redis_error(&self.shown_url, &self.secrets, context, e)
     }
 
     pub(crate) async fn acquire(
@@ -778,4 +773,15 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A Redis error in `context`, naming the server as shown (no password) and scrubbed of
+/// `secrets`.
+fn redis_error(
+    shown_url: &str,
+    secrets: &[String],
+    context: &str,
+    e: redis::RedisError,
+) -> LockError {
+    BackendError::redis(&format!("{context} (Redis at `{shown_url}`)"), e, secrets).into()
 }

@@ -65,27 +65,6 @@ fn joined(errors: &[NodeError]) -> String {
         .join("; ")
 }
 
-/// A failure made of the members' errors: transient while the members that failed for good
-/// (a refused command, a wrong password, a store that cannot serve in a quorum) still leave
-/// room for a quorum, so waiters ride out the rest (members that did not answer in time or
-/// lost their connection) as they would an outage of one server; final once they do not.
-fn failure(message: String, errors: &[NodeError], members: usize, quorum: usize) -> LockError {
-    let lasting = errors.iter().filter(|e| !e.transient).count();
-    if lasting <= members - quorum {
-        BackendError::transient(message).into()
-    } else {
-        BackendError::new(message).into()
-    }
-}
-
-/// A member's live watch, already listening for its next wake-up. Fields drop in order: the
-/// listener first, so that a combined watch cancelled before it was made still unsubscribes
-/// the member (its unsubscribe is skipped while anyone holds the notifier).
-struct MemberWatch {
-    next: Pin<Box<OwnedNotified>>,
-    watch: ReleaseWatch,
-}
-
 impl RedlockBackend {
     /// Connects to every node; builds when at least a quorum answers (the others connect
     /// lazily and count again once they are back).
@@ -305,15 +284,13 @@ impl RedlockBackend {
                 .collect();
             if refused.len() > self.nodes.len() - self.quorum {
                 self.release(names, token, None).await.ok();
-                return Err(failure(
+                return Err(self.failure(
                     format!(
                         "redlock: the fence of `{}` could not be lifted on a quorum: {}",
                         names.key,
                         joined(&refused)
                     ),
                     &refused,
-                    self.nodes.len(),
-                    self.quorum,
                 ));
             }
         }
@@ -331,7 +308,7 @@ impl RedlockBackend {
         }
         if errors.len() > n - self.quorum {
             // Waiters ride out an outage of a majority, as of a single server.
-            return Err(failure(
+            return Err(self.failure(
                 format!(
                     "redlock: only {} of {n} masters answered for `{}`, a quorum is {} ({} granted, {} held); failures: {}",
                     n - errors.len(),
@@ -342,8 +319,6 @@ impl RedlockBackend {
                     joined(&errors)
                 ),
                 &errors,
-                n,
-                self.quorum,
             ));
         }
         // Held elsewhere: retry when the records expire (or on a release). A split vote
@@ -389,15 +364,13 @@ impl RedlockBackend {
         } else if released > 0 {
             Ok(ReleaseOutcome::Released)
         } else if errors.len() > self.nodes.len() - self.quorum {
-            Err(failure(
+            Err(self.failure(
                 format!(
                     "redlock release of `{}` reached too few masters: {}",
                     names.key,
                     joined(&errors)
                 ),
                 &errors,
-                self.nodes.len(),
-                self.quorum,
             ))
         } else {
             Ok(ReleaseOutcome::NotOwner)
@@ -429,14 +402,12 @@ impl RedlockBackend {
         if errors.len() > self.nodes.len() - self.quorum {
             // Too few answers to tell "lost" from "unreachable": let the watchdog retry until
             // the validity ends.
-            return Err(failure(
+            return Err(self.failure(
                 format!(
                     "redlock renewal reached too few masters: {}",
                     joined(&errors)
                 ),
                 &errors,
-                self.nodes.len(),
-                self.quorum,
             ));
         }
         Ok(votes.into_iter().map(|v| v >= self.quorum).collect())
@@ -520,14 +491,26 @@ impl RedlockBackend {
         Ok(removed)
     }
 
+    /// A failure made of the members' errors: transient while the members that failed for
+    /// good (a refused command, a wrong password, a store that cannot serve in a quorum) still
+    /// leave room for a quorum, so waiters ride out the rest (members that did not answer in
+    /// time or lost their connection) as they would an outage of one server; final once they
+    /// do not.
+    fn failure(&self, message: String, errors: &[NodeError]) -> LockError {
+        let lasting = errors.iter().filter(|e| !e.transient).count();
+        if lasting <= self.nodes.len() - self.quorum {
+            BackendError::transient(message).into()
+        } else {
+            BackendError::new(message).into()
+        }
+    }
+
     /// An error unless a quorum of masters answered.
     fn enough_answered(&self, what: &str, errors: &[NodeError]) -> Result<(), LockError> {
         if errors.len() > self.nodes.len() - self.quorum {
-            return Err(failure(
+            return Err(self.failure(
                 format!("redlock {what} reached too few masters: {}", joined(errors)),
                 errors,
-                self.nodes.len(),
-                self.quorum,
             ));
         }
         Ok(())
@@ -539,33 +522,35 @@ impl RedlockBackend {
     /// slowest member answers). A release before the combined watch is returned is seen by
     /// the runtime's next attempt anyway; this only saves waiting for the holder's ttl.
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        let notify = Arc::new(Notify::new());
         let answers = {
             let names = names.clone();
+            let target = Arc::downgrade(&notify);
             self.fan_out(move |node| {
-                let names = names.clone();
+                let (names, target) = (names.clone(), target.clone());
                 async move {
-                    let watch = node.watch_releases(&names).await?;
+                    let mut watch = node.watch_releases(&names).await?;
                     let mut next = Box::pin(watch.notify.clone().notified_owned());
                     next.as_mut().enable();
-                    Ok(MemberWatch { watch, next })
+                    let requeue = watch.take_requeue();
+                    let forwarding = Forwarding {
+                        next,
+                        source: watch.notify.clone(),
+                        target,
+                        _watch: watch,
+                    };
+                    Ok((forwarding, requeue))
                 }
             })
             .await
         };
-        let notify = Arc::new(Notify::new());
         let mut forwarders = Vec::new();
         let mut requeues = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
-                Ok(MemberWatch { mut watch, next }) => {
-                    requeues.extend(watch.take_requeue());
-                    let forwarding = Forwarding {
-                        next,
-                        source: watch.notify.clone(),
-                        target: Arc::downgrade(&notify),
-                        _watch: watch,
-                    };
+                Ok((forwarding, requeue)) => {
+                    requeues.extend(requeue);
                     forwarders.push(tokio::spawn(forward(forwarding)).abort_handle());
                 }
                 Err(e) => errors.push(e),
@@ -613,9 +598,10 @@ fn check_members(n: usize) -> Result<(), LockError> {
     Ok(())
 }
 
-/// One member's watch and the task's handles on its notifier. Fields drop in order: the
-/// handles first, then the watch, so that the member's unsubscribe, which happens only when
-/// nobody holds the notifier any more, is not skipped.
+/// One member's watch and the handles on its notifier that forward its wake-ups. Fields drop
+/// in order: the handles first, then the watch, so that the member's unsubscribe, which
+/// happens only when nobody holds the notifier any more, is not skipped (also when the
+/// combined watch is cancelled before its forwarding task starts).
 struct Forwarding {
     next: Pin<Box<OwnedNotified>>,
     source: Arc<Notify>,

@@ -143,20 +143,6 @@ impl History {
         }
     }
 
-    /// `client`'s subscriber connection to `node` dropped.
-    pub(super) fn outage_start(&mut self, client: usize, node: usize, at: Instant) {
-        if node == 0 {
-            self.wakeups.outage_start(client, at);
-        }
-    }
-
-    /// `client`'s subscriber connection to `node` is back.
-    pub(super) fn outage_end(&mut self, client: usize, node: usize, at: Instant) {
-        if node == 0 {
-            self.wakeups.outage_end(client, at);
-        }
-    }
-
     /// Notes one store call (when tracing).
     pub fn trace(&mut self, at: Instant, line: String) {
         self.calls.push((at, line));

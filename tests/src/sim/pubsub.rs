@@ -67,9 +67,7 @@ impl World {
         }
         line.wanted.insert(channel.to_owned());
         line.delivered.insert(channel.to_owned());
-        if node == 0 {
-            self.history.wakeups.subscribed(client, channel, now);
-        }
+        self.history.wakeups.subscribed(client, node, channel, now);
         true
     }
 
@@ -77,9 +75,9 @@ impl World {
         let line = &mut self.subs[client][node];
         line.wanted.remove(channel);
         line.delivered.remove(channel);
-        if node == 0 {
-            self.history.wakeups.unsubscribed(client, channel, now);
-        }
+        self.history
+            .wakeups
+            .unsubscribed(client, node, channel, now);
     }
 
     /// The connection drops (a fault of its own, or the client cut off): the server forgets
@@ -92,7 +90,7 @@ impl World {
         line.down = true;
         line.delivered.clear();
         line.send(PubSubEvent::Disconnected);
-        self.history.outage_start(client, node, now);
+        self.history.wakeups.outage_start(client, node, now);
     }
 
     /// Only `client`'s subscriber connection to `node` drops; it reconnects by itself when
@@ -118,7 +116,7 @@ impl World {
         for channel in &line.wanted {
             line.send(PubSubEvent::Subscribed(channel.clone()));
         }
-        self.history.outage_end(client, node, now);
+        self.history.wakeups.outage_end(client, node, now);
     }
 }
 

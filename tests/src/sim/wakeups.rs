@@ -14,6 +14,20 @@ use super::history::{Fault, FaultKind, Grant, Verdict};
 /// Stretches of time, the last one possibly still open.
 type Spans = Vec<(Instant, Option<Instant>)>;
 
+/// Starts a span at `at`, unless one is open.
+fn open(spans: &mut Spans, at: Instant) {
+    if spans.last().is_none_or(|(_, to)| to.is_some()) {
+        spans.push((at, None));
+    }
+}
+
+/// Ends the open span, if any, at `at`.
+fn close(spans: &mut Spans, at: Instant) {
+    if let Some((_, to @ None)) = spans.last_mut() {
+        *to = Some(at);
+    }
+}
+
 /// One `acquire_timeout` call of a worker.
 #[derive(Debug, Clone)]
 struct Wait {
@@ -45,33 +59,41 @@ impl Wakeups {
         });
     }
 
-    pub(super) fn subscribed(&mut self, client: usize, channel: &str, at: Instant) {
-        let spans = self.wanted.entry((client, channel.to_owned())).or_default();
-        if spans.last().is_none_or(|(_, to)| to.is_some()) {
-            spans.push((at, None));
+    // Each record below is about one client's connection to deployment `node`; the rule reads
+    // deployment 0 only, so the others are not kept.
+
+    pub(super) fn subscribed(&mut self, client: usize, node: usize, channel: &str, at: Instant) {
+        if node != 0 {
+            return;
+        }
+        open(
+            self.wanted.entry((client, channel.to_owned())).or_default(),
+            at,
+        );
+    }
+
+    pub(super) fn unsubscribed(&mut self, client: usize, node: usize, channel: &str, at: Instant) {
+        if node != 0 {
+            return;
+        }
+        if let Some(spans) = self.wanted.get_mut(&(client, channel.to_owned())) {
+            close(spans, at);
         }
     }
 
-    pub(super) fn unsubscribed(&mut self, client: usize, channel: &str, at: Instant) {
-        if let Some((_, to @ None)) = self
-            .wanted
-            .get_mut(&(client, channel.to_owned()))
-            .and_then(|spans| spans.last_mut())
-        {
-            *to = Some(at);
+    pub(super) fn outage_start(&mut self, client: usize, node: usize, at: Instant) {
+        if node != 0 {
+            return;
         }
+        open(self.outages.entry(client).or_default(), at);
     }
 
-    pub(super) fn outage_start(&mut self, client: usize, at: Instant) {
-        let spans = self.outages.entry(client).or_default();
-        if spans.last().is_none_or(|(_, to)| to.is_some()) {
-            spans.push((at, None));
+    pub(super) fn outage_end(&mut self, client: usize, node: usize, at: Instant) {
+        if node != 0 {
+            return;
         }
-    }
-
-    pub(super) fn outage_end(&mut self, client: usize, at: Instant) {
-        if let Some((_, to @ None)) = self.outages.get_mut(&client).and_then(|s| s.last_mut()) {
-            *to = Some(at);
+        if let Some(spans) = self.outages.get_mut(&client) {
+            close(spans, at);
         }
     }
 

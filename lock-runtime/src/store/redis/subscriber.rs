@@ -12,8 +12,8 @@ use super::super::conn::{SubConn, cluster_builder, open_client};
 use super::super::pubsub::{PubSubConnection, PubSubEvent, Subscriber};
 use super::super::sentinel::SentinelConn;
 use super::super::{KeyNames, ReleaseWatch};
-use super::{RedisBackend, RedisOptions, value_text};
-use crate::{BackendError, LockError};
+use super::{RedisBackend, RedisOptions, redis_error, value_text};
+use crate::LockError;
 
 impl RedisBackend {
     pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
@@ -92,28 +92,19 @@ struct RedisPubSub {
 
 impl RedisPubSub {
     fn error(&self, context: &str, e: redis::RedisError) -> LockError {
-        BackendError::redis(
-            &format!("{context} (Redis at `{}`)", self.shown_url),
-            e,
-            &self.secrets,
-        )
-        .into()
+        redis_error(&self.shown_url, &self.secrets, context, e)
     }
 }
 
 impl PubSubConnection for RedisPubSub {
     async fn subscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        match self.conn.subscribe(channel).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.error(&format!("subscribing to `{channel}` failed"), e)),
-        }
+        let result = self.conn.subscribe(channel).await;
+        result.map_err(|e| self.error(&format!("subscribing to `{channel}` failed"), e))
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        match self.conn.unsubscribe(channel).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.error(&format!("unsubscribing `{channel}` failed"), e)),
-        }
+        let result = self.conn.unsubscribe(channel).await;
+        result.map_err(|e| self.error(&format!("unsubscribing `{channel}` failed"), e))
     }
 
     /// With Sentinel: moves to the master the sentinels name now and subscribes there.
