@@ -8,6 +8,8 @@
 //! cargo run --release -p lock-bench -- --json results.json
 //! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
 //! cargo run -p lock-bench -- --table results.json       # the README's table from a results file
+//! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
+//! cargo run --release -p lock-bench -- --macro-overhead [--quick] [--json PATH]  # row 6 taken apart
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
 //! ```
 
@@ -21,6 +23,7 @@ use serde_json::json;
 
 mod costs;
 mod handoff;
+mod overhead;
 mod peers;
 mod pg;
 mod rows;
@@ -105,12 +108,18 @@ async fn main() -> anyhow::Result<()> {
     let mut json_path = None;
     let mut postgres_only = false;
     let mut script_costs = false;
+    let mut throughput_only = false;
+    let mut macro_overhead = false;
+    let mut ours_only = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--quick" => mode = &QUICK,
             "--postgres-only" => postgres_only = true,
             "--script-costs" => script_costs = true,
+            "--throughput" => throughput_only = true,
+            "--macro-overhead" => macro_overhead = true,
+            "--ours-only" => ours_only = true,
             "--table" => {
                 let path = iter.next().context("--table needs a results file")?;
                 let text =
@@ -122,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only or --script-costs, and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --script-costs, --throughput or --macro-overhead, and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -138,6 +147,27 @@ async fn main() -> anyhow::Result<()> {
         let mut report = costs::script_costs(pairs, rounds).await?;
         report["provenance"] = sys::provenance();
         if let Some(path) = json_path {
+            std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+            println!("\nwrote {path}");
+        }
+        return Ok(());
+    }
+    if macro_overhead {
+        let (rounds, slice) = if mode.name == "quick" {
+            (3, Duration::from_millis(100))
+        } else {
+            (15, Duration::from_millis(500))
+        };
+        let found = overhead::breakdown(rounds, slice).await?;
+        if let Some(path) = json_path {
+            let report = json!({
+                "mode": mode.name,
+                "rounds": rounds,
+                "slice_ms": ms(slice),
+                "try_acquire_future_bytes": found.acquire_future_bytes,
+                "ns_per_pair": found.medians.iter().map(|(label, ns)| json!({"variant": label, "ns": ns})).collect::<Vec<_>>(),
+                "provenance": sys::provenance(),
+            });
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             println!("\nwrote {path}");
         }
@@ -174,6 +204,34 @@ async fn main() -> anyhow::Result<()> {
     };
     println!("lock-bench ({} mode), redis-server at {url}\n", mode.name);
 
+    if throughput_only {
+        // For iterating on the hot path: rows 1 and 2 with their ratios, nothing written.
+        let (ours_runtime, mut impls) = implementations(&url).await?;
+        if ours_only {
+            // Raw redis-rs (the baseline) and ours (programmatic) only.
+            impls.truncate(2);
+        }
+        for tasks in [1, 64] {
+            let row =
+                rows::throughput_table(&server, &impls, tasks, mode.pair_duration, mode.rounds)
+                    .await?;
+            println!("{tasks} task(s):");
+            for (imp, t) in impls.iter().zip(row.iter()) {
+                println!(
+                    "  {:<28} {:>9.0} pairs/s ({:.2}x raw; spread {:.0}-{:.0}), server {:.2} us/pair",
+                    imp.name(),
+                    t.pairs_per_s,
+                    t.pairs_per_s / row[0].pairs_per_s.max(1.0),
+                    t.spread.0,
+                    t.spread.1,
+                    t.server_us_per_pair
+                );
+            }
+        }
+        ours_runtime.shutdown().await;
+        return Ok(());
+    }
+
     // Row 5 first, so its peak RSS is not inflated by the other rows.
     let wd = rows::watchdog_scale(
         &server,
@@ -191,19 +249,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
 
-    let ours_runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
-    ours_runtime.clone().install()?;
-    let impls: Vec<Arc<Impl>> = vec![
-        Arc::new(Impl::Raw(RawLock::connect(&url).await?)),
-        Arc::new(Impl::Ours(ours_runtime.clone())),
-        Arc::new(Impl::OursAttribute),
-        Arc::new(Impl::Rslock(rslock::LockManager::new(vec![url.clone()]))),
-        Arc::new(Impl::AsyncRedisLock(
-            async_redis_lock::Locker::from_redis_url(&url)
-                .await
-                .map_err(|e| anyhow::anyhow!("async-redis-lock: {e:?}"))?,
-        )),
-    ];
+    let (ours_runtime, impls) = implementations(&url).await?;
     let one_t = rows::throughput_table(&server, &impls, 1, mode.pair_duration, mode.rounds).await?;
     let many_t =
         rows::throughput_table(&server, &impls, 64, mode.pair_duration, mode.rounds).await?;
@@ -407,6 +453,25 @@ async fn main() -> anyhow::Result<()> {
     }
     ours_runtime.shutdown().await;
     Ok(())
+}
+
+/// The implementations of rows 1 and 2, raw first; ours is installed as the attribute's
+/// runtime.
+async fn implementations(url: &str) -> anyhow::Result<(LockRuntime, Vec<Arc<Impl>>)> {
+    let ours_runtime = LockRuntime::builder().redis(url).build().await?;
+    ours_runtime.clone().install()?;
+    let impls: Vec<Arc<Impl>> = vec![
+        Arc::new(Impl::Raw(RawLock::connect(url).await?)),
+        Arc::new(Impl::Ours(ours_runtime.clone())),
+        Arc::new(Impl::OursAttribute),
+        Arc::new(Impl::Rslock(rslock::LockManager::new(vec![url.to_owned()]))),
+        Arc::new(Impl::AsyncRedisLock(
+            async_redis_lock::Locker::from_redis_url(url)
+                .await
+                .map_err(|e| anyhow::anyhow!("async-redis-lock: {e:?}"))?,
+        )),
+    ];
+    Ok((ours_runtime, impls))
 }
 
 /// The PostgreSQL rows as JSON.
