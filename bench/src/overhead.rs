@@ -107,17 +107,26 @@ pub(crate) async fn breakdown(rounds: usize, slice: Duration) -> anyhow::Result<
         .await?;
     runtime.clone().install()?;
     let runtime = Arc::new(runtime);
-    let (acquire_size, attribute_size) = {
+    let (acquire_size, release_size, attribute_size) = {
         let acquire = runtime.lock("size").try_acquire();
         let attribute = attribute_pair("size");
+        let guard = runtime
+            .lock("size")
+            .try_acquire()
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("`size` was held"))?;
+        let release = guard.release();
+        let release_size = std::mem::size_of_val(&release);
+        release.await?;
         (
             std::mem::size_of_val(&acquire),
+            release_size,
             std::mem::size_of_val(&attribute),
         )
     };
     // What the boxing moves to the heap on every call.
     println!(
-        "future sizes: try_acquire {acquire_size} B; an annotated call {attribute_size} B (its store calls boxed)"
+        "future sizes: try_acquire {acquire_size} B, release {release_size} B; an annotated call {attribute_size} B (its store calls boxed)"
     );
     let mut ns = vec![Vec::new(); VARIANTS.len()];
     for round in 0..rounds {

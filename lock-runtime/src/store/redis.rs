@@ -333,9 +333,9 @@ impl RedisBackend {
             // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
             let mut eval = redis::cmd("EVAL");
             eval.arg(ACQUIRE_LUA).arg(keys.len()).arg(&keys).arg(&args);
-            return self
-                .acquire_replicated(names, token, eval, replicas, timeout)
-                .await;
+            // Boxed for the same reason as Redlock's acquire (store/mod.rs): the rare path
+            // would otherwise set the size of every acquire's future.
+            return Box::pin(self.acquire_replicated(names, token, eval, replicas, timeout)).await;
         }
         let mut invocation = self.scripts.acquire.prepare_invoke();
         for key in keys {
