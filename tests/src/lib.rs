@@ -3,6 +3,7 @@
 //! public conformance kit, `lock-testkit`.
 
 pub mod certs;
+pub mod etcd;
 pub mod exclusion;
 pub mod fenced;
 pub mod fleet;
@@ -13,6 +14,7 @@ pub mod server;
 pub mod sim;
 pub mod store;
 
+pub use etcd::EtcdCluster;
 pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
 pub use server::{RedisCluster, RedisServer, SentinelSet};

@@ -42,7 +42,7 @@ pub fn redis_cli_binary() -> PathBuf {
 }
 
 /// `variable`'s path, or `name` from the PATH, once it answers `--version`.
-fn binary_from_env(variable: &str, name: &str, hint: &str) -> PathBuf {
+pub(crate) fn binary_from_env(variable: &str, name: &str, hint: &str) -> PathBuf {
     let path = std::env::var_os(variable)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(name));

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore};
 
-use crate::{PostgresServer, RedisCluster, RedisServer, SentinelSet};
+use crate::{EtcdCluster, PostgresServer, RedisCluster, RedisServer, SentinelSet};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -26,6 +26,8 @@ pub enum TestStore {
     Sentinel(SentinelSet),
     /// A PostgreSQL server started for the test (the default table).
     Postgres(PostgresServer),
+    /// An etcd cluster started for the test (one member, or three).
+    Etcd(EtcdCluster),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -66,6 +68,16 @@ impl TestStore {
         TestStore::Postgres(PostgresServer::start())
     }
 
+    /// A fresh one-member etcd.
+    pub fn etcd() -> Self {
+        TestStore::Etcd(EtcdCluster::start(1))
+    }
+
+    /// A fresh three-member etcd cluster.
+    pub fn etcd_cluster() -> Self {
+        TestStore::Etcd(EtcdCluster::start(3))
+    }
+
     /// Five fresh redis-servers for Redlock.
     pub fn redlock() -> Self {
         TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
@@ -86,6 +98,7 @@ impl TestStore {
                 .redis_sentinel(&set.master_name, set.sentinel_urls())
                 .replicated_acquire(1, std::time::Duration::from_secs(1)),
             TestStore::Postgres(server) => builder.postgres(server.url()),
+            TestStore::Etcd(cluster) => builder.etcd(cluster.endpoints()),
         };
         builder
             .build()
@@ -123,6 +136,15 @@ impl TestStore {
                     .await
                     .expect("DELETE of a lock row");
             }
+            TestStore::Etcd(cluster) => {
+                let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+                    .await
+                    .expect("connecting to the test etcd");
+                client
+                    .delete(format!("lock:{{{key}}}"), None)
+                    .await
+                    .expect("delete of a lock key");
+            }
             TestStore::Cluster(cluster) => {
                 let mut conn = cluster
                     .client()
@@ -147,6 +169,14 @@ impl lock_testkit::Harness for TestStore {
 
     fn delete_record(&self, key: &str) -> impl std::future::Future<Output = ()> + Send {
         TestStore::delete_record(self, key)
+    }
+
+    fn clock_granularity(&self) -> std::time::Duration {
+        match self {
+            // Whole-second leases, expired in sweeps every 500 ms.
+            TestStore::Etcd(_) => std::time::Duration::from_millis(1500),
+            _ => std::time::Duration::ZERO,
+        }
     }
 }
 

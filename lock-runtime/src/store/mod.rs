@@ -17,6 +17,8 @@ use crate::LockError;
 mod builtin;
 mod conn;
 mod custom;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod hub;
 mod listing;
 mod memory;
@@ -28,6 +30,8 @@ mod redlock;
 mod sentinel;
 
 pub(crate) use custom::{CustomStore, DynStore};
+#[cfg(feature = "etcd")]
+pub(crate) use etcd::{EtcdOptions, EtcdStore};
 pub use hub::{ReleaseHub, ReleaseWatch};
 pub use listing::{QuorumView, key_matches, key_of_record};
 pub use memory::MemoryStore;

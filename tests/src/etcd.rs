@@ -1,0 +1,196 @@
+//! etcd clusters of real `etcd` processes (Debian's `etcd-server`), one member or several, on
+//! free loopback ports in a temp dir; stopped by their PIDs when dropped, their logs printed
+//! if the test is panicking.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::server::{binary_from_env, free_port};
+
+/// The `etcd` the tests run: ETCD_BIN, or `etcd` from the PATH. Panics with an install hint
+/// when it is missing.
+pub fn etcd_binary() -> PathBuf {
+    binary_from_env(
+        "ETCD_BIN",
+        "etcd",
+        "The etcd tests run against real etcd servers: install them with `sudo apt-get install \
+         -y etcd-server` (Debian/Ubuntu)",
+    )
+}
+
+/// One member of an [`EtcdCluster`].
+#[derive(Debug)]
+pub struct EtcdMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdMember {
+    /// `http://127.0.0.1:<client port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// An etcd cluster started for a test.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// The members, in the order they were started.
+    pub members: Vec<EtcdMember>,
+    dir: tempfile::TempDir,
+    initial: String,
+}
+
+impl EtcdCluster {
+    /// Starts a cluster of `size` members and waits until it has a leader.
+    pub fn start(size: usize) -> Self {
+        let binary = etcd_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("etcd-")
+            .tempdir()
+            .expect("creating a temp dir for etcd");
+        let members: Vec<EtcdMember> = (0..size)
+            .map(|i| EtcdMember {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            members,
+            dir,
+            initial,
+        };
+        for i in 0..size {
+            cluster.spawn(&binary, i);
+        }
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// The client URLs of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdMember::url).collect()
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("{}.log", self.members[i].name))
+    }
+
+    fn spawn(&mut self, binary: &Path, i: usize) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(i))
+            .expect("opening an etcd log");
+        let member = &self.members[i];
+        let client = member.url();
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let child = Command::new(binary)
+            .args(["--name", &member.name])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(&member.name))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "lock-tests"])
+            // Elections in a few hundred ms (the minimum lease ttl is 1.5 election timeouts,
+            // rounded up to whole seconds: 1 s here), slow enough for a busy 2-core machine.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning etcd");
+        self.members[i].child = Some(child);
+    }
+
+    /// Waits until every running member reports itself healthy (it has a leader).
+    fn wait_healthy(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        for (i, member) in self.members.iter().enumerate() {
+            if member.child.is_none() {
+                continue;
+            }
+            while !healthy(member.client_port) {
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {} did not become healthy within {limit:?}; log:\n{}",
+                    member.name,
+                    self.log(i)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Member `i`'s log.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.log_path(i)).unwrap_or_default()
+    }
+
+    /// Stops member `i` (SIGKILL) and waits for it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory and waits until the cluster is healthy.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(&etcd_binary(), i);
+        self.wait_healthy(Duration::from_secs(30));
+    }
+}
+
+/// GET /health on a member's client port answers `"health":"true"` once it has a leader.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.contains("\"health\":\"true\"")
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for i in 0..self.members.len() {
+                eprintln!("--- etcd {} log ---\n{}", self.members[i].name, self.log(i));
+            }
+        }
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
