@@ -7,6 +7,7 @@
 //!     lockctl --sentinel mymaster=redis://10.0.0.1:26379,redis://10.0.0.2:26379 watch
 //!     lockctl --redlock redis://a:6379,redis://b:6379,redis://c:6379 list
 //!     lockctl --postgres postgres://app@db/app release interest-posting --force
+//!     lockctl --etcd http://10.0.0.1:2379,http://10.0.0.2:2379 list
 //!     REDIS_URL=redis://127.0.0.1:6379 lockctl list
 
 use std::process::ExitCode;
@@ -38,6 +39,13 @@ struct Cli {
     /// A PostgreSQL database (`postgres://user:password@host/db`).
     #[arg(long, global = true, value_name = "URL")]
     postgres: Option<String>,
+    /// etcd endpoints (repeat the option, or separate with commas).
+    #[arg(long, global = true, value_name = "URL")]
+    etcd: Vec<String>,
+    /// With --etcd: the user to authenticate as; the password comes from ETCD_PASSWORD (an
+    /// argument would show in the process list).
+    #[arg(long, global = true, value_name = "NAME")]
+    etcd_user: Option<String>,
     /// With --postgres: the runtime's table, if not the default.
     #[arg(long, global = true, value_name = "NAME")]
     table: Option<String>,
@@ -141,6 +149,7 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         ("--sentinel", cli.sentinel.is_some()),
         ("--redlock", !cli.redlock.is_empty()),
         ("--postgres", cli.postgres.is_some()),
+        ("--etcd", !cli.etcd.is_empty()),
     ]
     .into_iter()
     .filter_map(|(option, set)| set.then_some(option))
@@ -150,6 +159,20 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
     }
     if cli.table.is_some() && cli.postgres.is_none() {
         anyhow::bail!("--table goes with --postgres");
+    }
+    if cli.etcd_user.is_some() && cli.etcd.is_empty() {
+        anyhow::bail!("--etcd-user goes with --etcd");
+    }
+    if !cli.etcd.is_empty() {
+        let builder = builder.etcd(split_urls(&cli.etcd));
+        return Ok(match &cli.etcd_user {
+            Some(user) => {
+                let password = std::env::var("ETCD_PASSWORD")
+                    .context("--etcd-user needs the password in ETCD_PASSWORD")?;
+                builder.etcd_user(user.as_str(), password)
+            }
+            None => builder,
+        });
     }
     if let Some(url) = &cli.redis {
         return Ok(builder.redis(url.as_str()));
@@ -178,8 +201,8 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
     match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => Ok(builder.redis(url)),
         _ => anyhow::bail!(
-            "name a store: --redis URL, --cluster URL, --sentinel NAME=URL,..., --redlock URL or \
-             --postgres URL (or set REDIS_URL)"
+            "name a store: --redis URL, --cluster URL, --sentinel NAME=URL,..., --redlock URL, \
+             --postgres URL or --etcd URL (or set REDIS_URL)"
         ),
     }
 }

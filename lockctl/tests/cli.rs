@@ -293,6 +293,25 @@ async fn redlock_shows_where_the_masters_disagree() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_through_the_same_options() {
+    let cluster = lock_tests::EtcdCluster::start(1);
+    let endpoints = cluster.endpoints().join(",");
+    let runtime = |owner: &str| {
+        LockRuntime::builder()
+            .etcd(cluster.endpoints())
+            .owner(owner)
+            .build()
+    };
+    let holder = runtime("billing-1").await.expect("build");
+    let other = runtime("billing-2").await.expect("build");
+    lists_shows_and_force_releases(&["--etcd", &endpoints], &holder, other).await;
+    let (code, _, err) =
+        lockctl(&["--redis", "redis://127.0.0.1:1", "--etcd-user", "u", "list"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--etcd-user goes with --etcd"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_through_the_same_options() {
     let server = PostgresServer::start();
     let url = server.url();

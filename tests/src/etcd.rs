@@ -165,6 +165,40 @@ impl EtcdCluster {
         self.spawn(&etcd_binary(), i);
         self.wait_healthy(Duration::from_secs(30));
     }
+
+    /// Stops every member (SIGKILL), then starts them all again on their data directories
+    /// and waits until the cluster is healthy.
+    pub fn restart_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        let binary = etcd_binary();
+        for i in 0..self.members.len() {
+            self.spawn(&binary, i);
+        }
+        self.wait_healthy(Duration::from_secs(30));
+    }
+
+    /// The index of the member that leads now (asked of each running member in turn).
+    pub async fn leader(&self) -> usize {
+        for member in self.members.iter().filter(|m| m.child.is_some()) {
+            let Ok(mut client) = etcd_client::Client::connect([member.url()], None).await else {
+                continue;
+            };
+            let Ok(status) = client.status().await else {
+                continue;
+            };
+            let me = status.header().map(|h| h.member_id());
+            if me == Some(status.leader()) {
+                return self
+                    .members
+                    .iter()
+                    .position(|m| m.client_port == member.client_port)
+                    .expect("a member of the cluster");
+            }
+        }
+        panic!("no running member says it leads");
+    }
 }
 
 /// GET /health on a member's client port answers `"health":"true"` once it has a leader.

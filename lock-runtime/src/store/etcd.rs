@@ -20,6 +20,7 @@
 //!   acquirer's wall clock (stored in the value, for display only); every expiry is the
 //!   server's lease.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -183,11 +184,32 @@ impl EtcdStore {
         error(&self.shown, &self.secrets, context, e)
     }
 
+    /// Runs `call` on the client; again (up to twice per endpoint) while it fails without
+    /// having been sent. The client spreads requests over the endpoints, and one whose member
+    /// is down refuses the connection: such a request never reached etcd, so sending it again
+    /// is safe for every call, and without it a third of the calls would fail while one
+    /// member of three is down.
+    async fn send<T, F, Fut>(&self, call: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            match call(self.client.clone()).await {
+                Err(e) if unsent(&e) && tries < 2 * self.options.endpoints.len() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     async fn grant(&self, ttl: Duration, what: &str) -> Result<i64, LockError> {
+        let secs = lease_secs(ttl);
         let granted = self
-            .client
-            .clone()
-            .lease_grant(lease_secs(ttl), None)
+            .send(|mut c| async move { c.lease_grant(secs, None).await })
             .await
             .map_err(|e| self.error(&format!("{what}: lease grant failed"), e))?;
         Ok(granted.id())
@@ -209,9 +231,7 @@ impl EtcdStore {
             return None;
         }
         let answer = self
-            .client
-            .clone()
-            .lease_time_to_live(lease, None)
+            .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
             .await
             .ok()?;
         Some(Duration::from_secs(
@@ -220,11 +240,12 @@ impl EtcdStore {
     }
 
     async fn txn(&self, txn: Txn, context: &str) -> Result<TxnResponse, LockError> {
-        self.client
-            .clone()
-            .txn(txn)
-            .await
-            .map_err(|e| self.error(context, e))
+        self.send(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| self.error(context, e))
     }
 
     /// Renews one lease: keep-alive of the lease its key is attached to (or, for a longer ttl
@@ -234,9 +255,7 @@ impl EtcdStore {
         let context = "lease renewal failed";
         let mut lease = kv.lease();
         let (mut keeper, mut answers) = self
-            .client
-            .clone()
-            .lease_keep_alive(lease)
+            .send(|mut c| async move { c.lease_keep_alive(lease).await })
             .await
             .map_err(|e| self.error(context, e))?;
         keeper
@@ -462,10 +481,9 @@ impl LockStore for EtcdStore {
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         let context = format!("inspect of `{}` failed", names.key());
+        let record = names.record();
         let answer = self
-            .client
-            .clone()
-            .get(names.record(), None)
+            .send(|mut c| async move { c.get(record, None).await })
             .await
             .map_err(|e| self.error(&context, e))?;
         let Some(kv) = answer.kvs().first() else {
@@ -493,13 +511,12 @@ impl LockStore for EtcdStore {
         namespace: &str,
         pattern: &str,
     ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let prefix = format!("{namespace}:{{");
         let answer = self
-            .client
-            .clone()
-            .get(
-                format!("{namespace}:{{"),
-                Some(GetOptions::new().with_prefix()),
-            )
+            .send(|mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
             .await
             .map_err(|e| self.error("listing the locks failed", e))?;
         let mut found = Vec::new();
@@ -548,6 +565,17 @@ impl EtcdStore {
             self.remaining(kv.lease()).await,
             held_for,
         )
+    }
+}
+
+/// A request that never reached etcd: the connection to the endpoint it was sent to could not
+/// be made.
+pub(super) fn unsent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().contains("connect error")
+        }
+        _ => false,
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, WatchRequestSender, WatchResponseStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{RELEASED, parse_value};
+use super::{RELEASED, parse_value, unsent};
 use crate::store::{PubSubConnection, PubSubEvent, ReleaseHub, Subscriber};
 use crate::{BackendError, LockError};
 
@@ -103,12 +103,16 @@ impl WatchConn {
         routes(&self.routes)
             .pending
             .push_back((first.to_owned(), created));
-        let stream = self
-            .client
-            .clone()
-            .watch(record_of(first), None)
-            .await
-            .map_err(|e| watch_error("open", e))?;
+        // Again on another endpoint while the connection could not be made (as the store's
+        // calls do).
+        let mut tries = 0;
+        let stream = loop {
+            match self.client.clone().watch(record_of(first), None).await {
+                Ok(stream) => break stream,
+                Err(e) if unsent(&e) && tries < 6 => tries += 1,
+                Err(e) => return Err(watch_error("open", e)),
+            }
+        };
         let (sender, responses) = stream.split();
         self.sender = Some(sender);
         tokio::spawn(read(responses, self.routes.clone(), self.events.clone()));
