@@ -36,6 +36,11 @@ impl EtcdMember {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -6,7 +6,7 @@
 //! (`lock_tests::exclusion`). Prints `done` at the end.
 //!
 //! Usage: `soak_worker LOCK_URL RESOURCE_URL KEYS SECONDS SEED TASKS LOG_PATH [careless]`
-//! (`LOCK_URL`: `redis://..` or `postgres://..`)
+//! (`LOCK_URL`: `redis://..`, `postgres://..`, or `etcd:` and the endpoints separated by commas)
 //!
 //! `careless` makes a worker that the checker must catch: without renewals, it sleeps up to
 //! 1.5 s (ttl 0.6 s) between read and write and never asks whether its lease is lost.
@@ -42,6 +42,8 @@ async fn main() -> anyhow::Result<()> {
         let builder = LockRuntime::builder();
         let builder = if lock_url.starts_with("postgres") {
             builder.postgres(lock_url.as_str())
+        } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
+            builder.etcd(endpoints.split(','))
         } else {
             builder.redis(lock_url.as_str())
         };
