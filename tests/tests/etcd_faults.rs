@@ -126,3 +126,105 @@ async fn every_member_restarted_keeps_fences_increasing_and_one_holder() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// An acquire whose answer comes after the command timeout may still be applied by etcd; the
+/// runtime gives it back with a release sent after it. The client spreads requests over the
+/// members: when the acquire went through a member that is slow to pass it on and the release
+/// through a fast one, the release must not overtake the acquire: else it finds nothing, the
+/// acquire lands after it, and the lock stays taken by nobody for its whole ttl (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_answered_too_late_leaves_no_orphan() {
+    let cluster = EtcdCluster::start(3);
+    let proxy = lock_tests::FaultProxy::start(cluster.members[0].port());
+    let mut endpoints = vec![format!("http://127.0.0.1:{}", proxy.port())];
+    endpoints.extend(cluster.members[1..].iter().map(|m| m.url()));
+    let slow = LockRuntime::builder()
+        .etcd(endpoints)
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("build");
+    let direct = runtime(&cluster, "checker").await;
+    proxy.set_latency(Duration::from_millis(400));
+    let mut cut_off = 0;
+    for round in 0..30 {
+        let key = format!("late-{round}");
+        let attempt = slow
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await;
+        if let Ok(Some(guard)) = attempt {
+            // Answered in time (through a fast member): nothing to check this round (its
+            // release may be cut off in turn; the key is not used again).
+            let _ = guard.release().await;
+            continue;
+        }
+        cut_off += 1;
+        // Let a late acquire land before looking.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let got = direct
+            .lock(&key)
+            .acquire_timeout(Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("round {round}: `{key}` was left to a token nobody holds: {e}")
+            });
+        got.release().await.expect("release");
+    }
+    proxy.set_latency(Duration::ZERO);
+    assert!(
+        cut_off > 0,
+        "no acquire went through the slow member in 30 rounds"
+    );
+    eprintln!("{cut_off} of 30 acquires were cut off");
+    slow.shutdown().await;
+    direct.shutdown().await;
+}
+
+/// A waiter's watch stream breaks when etcd goes down; when it stays down longer than the
+/// command timeout, the first reopen fails. The reopen must be tried again, so that once etcd
+/// is back the holder's release wakes the waiter at once, not at the holder's ttl (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_a_release_after_etcd_was_down_a_while() {
+    let mut cluster = EtcdCluster::start(1);
+    let holder = runtime(&cluster, "holder").await;
+    let waiting = runtime(&cluster, "waiter").await;
+    let guard = holder
+        .lock("outage")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        let got = waiting
+            .lock("outage")
+            .acquire_timeout(Duration::from_secs(60))
+            .await;
+        (Instant::now(), got, waiting)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.kill(0);
+    // Longer than the command timeout (2 s), so the first reopen fails.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.restart(0);
+    // Time for the reopen to be tried again and the watch created.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!waiter.is_finished(), "the lock is still held");
+    let released = Instant::now();
+    assert!(
+        guard.release().await.expect("release"),
+        "still the holder's"
+    );
+    let (got_at, got, waiting) = waiter.await.expect("waiter task");
+    let got = got.expect("the waiter gets the lock");
+    assert!(
+        got_at.duration_since(released) < Duration::from_secs(5),
+        "the waiter got the lock {:?} after the release (ttl 30 s): its watch was not back",
+        got_at.duration_since(released)
+    );
+    got.release().await.expect("release");
+    holder.shutdown().await;
+    waiting.shutdown().await;
+}

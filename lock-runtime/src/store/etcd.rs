@@ -20,8 +20,8 @@
 //!   acquirer's wall clock (stored in the value, for display only); every expiry is the
 //!   server's lease.
 
-use std::future::Future;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
@@ -30,7 +30,11 @@ use etcd_client::{
 };
 use tokio::sync::OnceCell;
 
+mod conn;
+mod renew;
 mod watch;
+
+use self::conn::Conn;
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
@@ -57,21 +61,27 @@ const VERSION: &str = "v1";
 const RELEASED: &str = "released";
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
+/// How often an idle connection is pinged.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// A store in etcd.
 pub(crate) struct EtcdStore {
-    client: Client,
-    options: EtcdOptions,
-    shown: String,
-    secrets: Vec<String>,
+    conn: Arc<Conn>,
     hub: Arc<ReleaseHub>,
     subscriber: OnceCell<Subscriber>,
+    /// The leases of acquires whose answer never came (cut off by the command timeout, or
+    /// failed in flight), by token. Such an acquire may still land, after the release the
+    /// runtime sends to give it back: the client spreads requests over the members, so the
+    /// release can reach etcd first, find nothing, and leave the late grant to nobody for its
+    /// whole ttl. That release revokes these leases instead: a grant already applied goes
+    /// with its lease, and one still on its way fails for want of it.
+    unanswered: Mutex<HashMap<String, Vec<i64>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("endpoints", &self.shown)
+            .field("endpoints", &self.conn.shown)
             .finish_non_exhaustive()
     }
 }
@@ -134,11 +144,21 @@ impl EtcdStore {
         }
         let shown = options.endpoints.join(", ");
         let secrets: Vec<String> = options.user.iter().map(|(_, p)| p.clone()).collect();
+        // HTTP/2 pings find a connection that died without a word (a half-open TCP
+        // connection, a member cut off); require-leader makes a member without a leader refuse
+        // (and cancel the watches on it) instead of serving or holding them.
         let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
-            .with_timeout(options.command_timeout);
+            .with_timeout(options.command_timeout)
+            .with_keep_alive(KEEP_ALIVE, options.command_timeout.max(KEEP_ALIVE))
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
         if let Some((user, password)) = &options.user {
-            connect = connect.with_user(user.clone(), password.clone());
+            // An auth token expires (5 minutes idle by default): fetch a new one when etcd
+            // says so, rather than failing every call from then on.
+            connect = connect
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         let opened = tokio::time::timeout(options.connect_timeout, async {
             let mut client = Client::connect(&options.endpoints, Some(connect)).await?;
@@ -171,138 +191,22 @@ impl EtcdStore {
             }
         };
         Ok(EtcdStore {
-            client,
-            options,
-            shown,
-            secrets,
+            conn: Arc::new(Conn {
+                client,
+                options,
+                shown,
+                secrets,
+            }),
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),
+            unanswered: Mutex::new(HashMap::new()),
         })
     }
 
-    fn error(&self, context: &str, e: etcd_client::Error) -> LockError {
-        error(&self.shown, &self.secrets, context, e)
-    }
-
-    /// Runs `call` on the client; again (up to twice per endpoint) while it fails without
-    /// having been sent. The client spreads requests over the endpoints, and one whose member
-    /// is down refuses the connection: such a request never reached etcd, so sending it again
-    /// is safe for every call, and without it a third of the calls would fail while one
-    /// member of three is down.
-    async fn send<T, F, Fut>(&self, call: F) -> Result<T, etcd_client::Error>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let mut tries = 0;
-        loop {
-            match call(self.client.clone()).await {
-                Err(e) if unsent(&e) && tries < 2 * self.options.endpoints.len() => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                answer => return answer,
-            }
-        }
-    }
-
-    async fn grant(&self, ttl: Duration, what: &str) -> Result<i64, LockError> {
-        let secs = lease_secs(ttl);
-        let granted = self
-            .send(|mut c| async move { c.lease_grant(secs, None).await })
-            .await
-            .map_err(|e| self.error(&format!("{what}: lease grant failed"), e))?;
-        Ok(granted.id())
-    }
-
-    /// Gives leases nobody uses back, in the background (they would expire by themselves).
-    fn revoke_later(&self, leases: Vec<i64>) {
-        let mut client = self.client.clone();
-        tokio::spawn(async move {
-            for lease in leases {
-                let _ = client.lease_revoke(lease).await;
-            }
-        });
-    }
-
-    /// The time left on `lease` (None: no lease, or unknown).
-    async fn remaining(&self, lease: i64) -> Option<Duration> {
-        if lease == 0 {
-            return None;
-        }
-        let answer = self
-            .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
-            .await
-            .ok()?;
-        Some(Duration::from_secs(
-            u64::try_from(answer.ttl()).unwrap_or(0),
-        ))
-    }
-
-    async fn txn(&self, txn: Txn, context: &str) -> Result<TxnResponse, LockError> {
-        self.send(|mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
-        .map_err(|e| self.error(context, e))
-    }
-
-    /// Renews one lease: keep-alive of the lease its key is attached to (or, for a longer ttl
-    /// than that lease was granted, a move onto a new lease), then a read that confirms the
-    /// key still carries the token on that lease.
-    async fn renew(&self, item: &ExtendItem, kv: KeyValue) -> Result<Renewal, LockError> {
-        let context = "lease renewal failed";
-        let mut lease = kv.lease();
-        let (mut keeper, mut answers) = self
-            .send(|mut c| async move { c.lease_keep_alive(lease).await })
-            .await
-            .map_err(|e| self.error(context, e))?;
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| self.error(context, e))?;
-        let granted = match answers
-            .message()
-            .await
-            .map_err(|e| self.error(context, e))?
-        {
-            Some(answer) => answer.ttl(),
-            None => return Err(BackendError::transient(format!("{context}: no answer")).into()),
-        };
-        if granted <= 0 {
-            return Ok(Renewal::NotOurs); // the lease, and so the key, is gone
-        }
-        if granted < lease_secs(item.ttl) {
-            // A longer ttl than the lease was granted with: move the key onto a new lease.
-            let longer = self.grant(item.ttl, context).await?;
-            let moved = self
-                .txn(
-                    Txn::new()
-                        .when([
-                            Compare::value(item.record.as_str(), CompareOp::Equal, kv.value()),
-                            Compare::lease(item.record.as_str(), CompareOp::Equal, lease),
-                        ])
-                        .and_then([put(&item.record, kv.value(), longer)]),
-                    context,
-                )
-                .await?;
-            if !moved.succeeded() {
-                self.revoke_later(vec![longer]);
-                return Ok(Renewal::NotOurs);
-            }
-            lease = longer;
-        }
-        let confirmed = self
-            .txn(
-                Txn::new().when([
-                    Compare::value(item.record.as_str(), CompareOp::Equal, kv.value()),
-                    Compare::lease(item.record.as_str(), CompareOp::Equal, lease),
-                ]),
-                context,
-            )
-            .await?;
-        Ok(Renewal::from(confirmed.succeeded()))
+    fn unanswered_of(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<i64>>> {
+        self.unanswered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -310,14 +214,14 @@ impl LockStore for EtcdStore {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let context = format!("acquire of `{}` failed", r.names.key());
         let record = r.names.record();
-        let lease = self.grant(r.ttl, &context).await?;
+        let lease = self.conn.grant(r.ttl, &context).await?;
         let hold = if r.min_hold.is_zero() {
             None
         } else {
-            match self.grant(r.min_hold, &context).await {
+            match self.conn.grant(r.min_hold, &context).await {
                 Ok(hold) => Some(hold),
                 Err(e) => {
-                    self.revoke_later(vec![lease]);
+                    self.conn.revoke_later(vec![lease]);
                     return Err(e);
                 }
             }
@@ -331,30 +235,36 @@ impl LockStore for EtcdStore {
             ));
         }
         let mut then = vec![put(record, record_value(r.token, r.owner, now_ms()), lease)];
-        if let Some(hold) = hold {
-            then.push(put(&hold_key(r.names), "", hold));
+        match hold {
+            Some(hold) => then.push(put(&hold_key(r.names), "", hold)),
+            // A hold key of an earlier holder that the lease sweep has not taken yet must not
+            // make this holder's release keep the lock.
+            None => then.push(TxnOp::delete(hold_key(r.names), None)),
         }
         let txn = Txn::new()
             .when(when)
             .and_then(then)
             .or_else([TxnOp::get(record, None), TxnOp::get(r.names.done(), None)]);
-        let answer = match self.txn(txn, &context).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                // Maybe applied: the runtime releases the token; the leases stay with the key.
-                return Err(e);
-            }
-        };
+        // Until an answer comes: if none does (an error, or this future dropped by the
+        // timeout), the release that gives the token back revokes these leases.
+        let leases: Vec<i64> = std::iter::once(lease).chain(hold).collect();
+        self.unanswered_of().insert(r.token.to_owned(), leases);
+        let answer = self.conn.txn(txn, &context).await?;
+        self.unanswered_of().remove(r.token);
         if answer.succeeded() {
             let revision = answer.header().map_or(0, |h| h.revision());
-            let fence = u64::try_from(revision).map_err(|_| {
-                LockError::from(BackendError::new(format!(
-                    "{context}: etcd answered revision {revision}"
-                )))
-            })?;
+            let fence = u64::try_from(revision)
+                .ok()
+                .filter(|&f| f > 0)
+                .ok_or_else(|| {
+                    LockError::from(BackendError::new(format!(
+                        "{context}: etcd answered revision {revision}"
+                    )))
+                })?;
             return Ok(AcquireOutcome::Acquired { fence });
         }
-        self.revoke_later(std::iter::once(lease).chain(hold).collect());
+        self.conn
+            .revoke_later(std::iter::once(lease).chain(hold).collect());
         let found = gets(&answer);
         let (held, done) = (
             found.first().cloned().flatten(),
@@ -364,12 +274,12 @@ impl LockStore for EtcdStore {
             && let Some(done) = done
         {
             return Ok(AcquireOutcome::Done {
-                pttl: self.remaining(done.lease()).await,
+                pttl: self.conn.remaining(done.lease()).await,
             });
         }
         Ok(AcquireOutcome::Held {
             pttl: match held {
-                Some(kv) => self.remaining(kv.lease()).await,
+                Some(kv) => self.conn.remaining(kv.lease()).await,
                 None => None,
             },
         })
@@ -384,17 +294,39 @@ impl LockStore for EtcdStore {
         let context = format!("release of `{}` failed", names.key());
         let record = names.record();
         let hold = hold_key(names);
+        // An acquire with this token that was never answered: revoke its leases first.
+        let unanswered = self.unanswered_of().remove(token);
+        if let Some(leases) = unanswered {
+            for (i, &lease) in leases.iter().enumerate() {
+                let revoked = self
+                    .conn
+                    .send(|mut c| async move { c.lease_revoke(lease).await })
+                    .await;
+                match revoked {
+                    Ok(_) => {}
+                    // Expired meanwhile, or revoked by an earlier try: gone either way.
+                    Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => {
+                    }
+                    Err(e) => {
+                        // Kept for the next try of this release.
+                        self.unanswered_of()
+                            .insert(token.to_owned(), leases[i..].to_vec());
+                        return Err(self.conn.error(&context, e));
+                    }
+                }
+            }
+        }
         // The done marker first, whether or not the lock is still ours: while the record
         // lives nobody else runs, so a marker written before the release can never let the
         // work run twice.
         let mut first = Vec::new();
         if let Some(retention) = done_retention {
-            let marker = self.grant(retention, &context).await?;
+            let marker = self.conn.grant(retention, &context).await?;
             first.push(put(names.done(), "1", marker));
         }
         first.push(TxnOp::get(record, None));
         first.push(TxnOp::get(hold.as_str(), None));
-        let mut found = gets(&self.txn(Txn::new().and_then(first), &context).await?);
+        let mut found = gets(&self.conn.txn(Txn::new().and_then(first), &context).await?);
         // The record or its hold may change under us (an expiry, a takeover): read again and
         // retry a few times; each try is conditional on exactly what was read.
         for _ in 0..4 {
@@ -430,6 +362,7 @@ impl LockStore for EtcdStore {
                 None => (vec![TxnOp::delete(record, None)], ReleaseOutcome::Released),
             };
             let answer = self
+                .conn
                 .txn(
                     Txn::new()
                         .when(when)
@@ -439,7 +372,7 @@ impl LockStore for EtcdStore {
                 )
                 .await?;
             if answer.succeeded() {
-                self.revoke_later(vec![kv.lease()]);
+                self.conn.revoke_later(vec![kv.lease()]);
                 return Ok(outcome);
             }
             found = gets(&answer);
@@ -451,41 +384,17 @@ impl LockStore for EtcdStore {
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        let mut read = Vec::with_capacity(items.len());
-        for chunk in items.chunks(MAX_TXN_OPS) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|item| TxnOp::get(item.record.as_str(), None))
-                .collect();
-            read.extend(gets(
-                &self
-                    .txn(Txn::new().and_then(ops), "lease renewal failed")
-                    .await?,
-            ));
-        }
-        let mut renewed = Vec::with_capacity(items.len());
-        for (item, kv) in items.iter().zip(read) {
-            let ours = kv.filter(|kv| {
-                parse_value(kv.value()).is_some_and(|v| v.0 == item.token) && kv.lease() != 0
-            });
-            renewed.push(match ours {
-                None => Renewal::NotOurs,
-                Some(kv) => match self.renew(item, kv).await {
-                    Ok(renewal) => renewal,
-                    Err(e) => Renewal::Unknown(e.to_string()),
-                },
-            });
-        }
-        Ok(renewed)
+        Ok(renew::extend(&self.conn, items).await)
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         let context = format!("inspect of `{}` failed", names.key());
         let record = names.record();
         let answer = self
+            .conn
             .send(|mut c| async move { c.get(record, None).await })
             .await
-            .map_err(|e| self.error(&context, e))?;
+            .map_err(|e| self.conn.error(&context, e))?;
         let Some(kv) = answer.kvs().first() else {
             return Ok(None);
         };
@@ -497,9 +406,9 @@ impl LockStore for EtcdStore {
             .subscriber
             .get_or_init(|| async {
                 watch::subscriber(
-                    self.client.clone(),
+                    self.conn.client.clone(),
                     self.hub.clone(),
-                    self.options.command_timeout,
+                    self.conn.options.command_timeout,
                 )
             })
             .await;
@@ -513,12 +422,13 @@ impl LockStore for EtcdStore {
     ) -> Result<Vec<(String, RecordView)>, LockError> {
         let prefix = format!("{namespace}:{{");
         let answer = self
+            .conn
             .send(|mut c| {
                 let prefix = prefix.clone();
                 async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
             })
             .await
-            .map_err(|e| self.error("listing the locks failed", e))?;
+            .map_err(|e| self.conn.error("listing the locks failed", e))?;
         let mut found = Vec::new();
         for kv in answer.kvs() {
             let Ok(record) = kv.key_str() else { continue };
@@ -536,6 +446,7 @@ impl LockStore for EtcdStore {
         let context = format!("forced release of `{}` failed", names.key());
         let revision = i64::try_from(fence).unwrap_or(i64::MAX);
         let answer = self
+            .conn
             .txn(
                 Txn::new()
                     .when([Compare::create_revision(
@@ -562,7 +473,7 @@ impl EtcdStore {
         RecordView::new(
             owner,
             u64::try_from(kv.create_revision()).unwrap_or(0),
-            self.remaining(kv.lease()).await,
+            self.conn.remaining(kv.lease()).await,
             held_for,
         )
     }
@@ -583,13 +494,24 @@ pub(super) fn unsent(e: &etcd_client::Error) -> bool {
 /// a retry may cure it: no connection, no leader, a deadline.
 fn error(shown: &str, secrets: &[String], context: &str, e: etcd_client::Error) -> LockError {
     let transient = match &e {
-        etcd_client::Error::GRpcStatus(status) => matches!(
-            status.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Aborted
-                | tonic::Code::ResourceExhausted
-        ),
+        // Cancelled: the client's own request timeout; Unknown and Internal: a connection
+        // that broke under the call; NotFound: a lease that expired between its grant and
+        // its use (a long election); Unauthenticated: a token that expired (refreshed by the
+        // next call).
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Aborted
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::NotFound
+            ) || (status.code() == tonic::Code::Unauthenticated
+                && status.message().contains("invalid auth token"))
+        }
         etcd_client::Error::TransportError(_)
         | etcd_client::Error::IoError(_)
         | etcd_client::Error::WatchError(_)

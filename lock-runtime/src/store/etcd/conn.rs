@@ -1,0 +1,94 @@
+//! The store's connection to etcd: the client, and the calls every operation makes through
+//! it (sent again when the connection to a member could not be made, errors named and
+//! scrubbed, leases granted, read and revoked).
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, Txn, TxnResponse};
+
+use super::{EtcdOptions, error, lease_secs, unsent};
+use crate::LockError;
+
+/// What every operation of the store needs; shared with the renewal tasks.
+pub(super) struct Conn {
+    pub(super) client: Client,
+    pub(super) options: EtcdOptions,
+    /// The endpoints as errors show them.
+    pub(super) shown: String,
+    /// Texts that must never appear in an error (the password).
+    pub(super) secrets: Vec<String>,
+}
+
+impl Conn {
+    pub(super) fn error(&self, context: &str, e: etcd_client::Error) -> LockError {
+        error(&self.shown, &self.secrets, context, e)
+    }
+
+    /// Runs `call` on the client; again (up to twice per endpoint) while it fails without
+    /// having been sent. The client spreads requests over the endpoints, and one whose member
+    /// is down refuses the connection: such a request never reached etcd, so sending it again
+    /// is safe for every call, and without it a third of the calls would fail while one
+    /// member of three is down.
+    pub(super) async fn send<T, F, Fut>(&self, call: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            match call(self.client.clone()).await {
+                Err(e) if unsent(&e) && tries < 2 * self.options.endpoints.len() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    pub(super) async fn grant(&self, ttl: Duration, what: &str) -> Result<i64, LockError> {
+        let secs = lease_secs(ttl);
+        let granted = self
+            .send(|mut c| async move { c.lease_grant(secs, None).await })
+            .await
+            .map_err(|e| self.error(&format!("{what}: lease grant failed"), e))?;
+        Ok(granted.id())
+    }
+
+    /// Gives leases nobody uses back, in the background (they would expire by themselves).
+    pub(super) fn revoke_later(&self, leases: Vec<i64>) {
+        let mut client = self.client.clone();
+        tokio::spawn(async move {
+            for lease in leases {
+                let _ = client.lease_revoke(lease).await;
+            }
+        });
+    }
+
+    /// The time left on `lease` (None: no lease, or unknown).
+    pub(super) async fn remaining(&self, lease: i64) -> Option<Duration> {
+        if lease == 0 {
+            return None;
+        }
+        let answer = self
+            .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+            .ok()?;
+        // Whole seconds, rounded down: up to a second more is left. A lease that is gone
+        // (-1) has nothing left.
+        match u64::try_from(answer.ttl()) {
+            Ok(secs) => Some(Duration::from_secs(secs + 1)),
+            Err(_) => Some(Duration::ZERO),
+        }
+    }
+
+    pub(super) async fn txn(&self, txn: Txn, context: &str) -> Result<TxnResponse, LockError> {
+        self.send(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(|e| self.error(context, e))
+    }
+}
