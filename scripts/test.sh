@@ -69,6 +69,11 @@ cargo run -q --locked -p lock-tests --bin with_postgres -- \
     cargo run -q --locked -p lock-examples --example interest_posting
 cargo run -q --locked -p lock-tests --bin with_postgres -- \
     cargo run -q --locked -p lock-examples --example multi_process
+# And on etcd (a one-member cluster started for them, ETCD_ENDPOINTS pointing at it).
+cargo run -q --locked -p lock-tests --bin with_etcd -- \
+    cargo run -q --locked -p lock-examples --example interest_posting
+cargo run -q --locked -p lock-tests --bin with_etcd -- \
+    cargo run -q --locked -p lock-examples --example multi_process
 
 # The README's benchmark table is the one its results file gives (no hand edits).
 ./scripts/bench-table.sh --check

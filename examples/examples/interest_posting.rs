@@ -14,6 +14,8 @@
 //! fence in the transaction that writes the posting):
 //!     DATABASE_URL=postgres://user:password@127.0.0.1:5432/db \
 //!         cargo run -p lock-examples --example interest_posting
+//! or on etcd (the endpoints separated by commas; the ledger stays in memory):
+//!     ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p lock-examples --example interest_posting
 
 use std::time::Duration;
 
@@ -52,9 +54,14 @@ async fn post_daily_interest(
 
 async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<LockRuntime> {
     let builder = LockRuntime::builder().namespace("demo").owner(name);
-    let builder = match (std::env::var("DATABASE_URL"), std::env::var("REDIS_URL")) {
-        (Ok(url), _) => builder.postgres(url),
-        (_, Ok(url)) => builder.redis(url),
+    let builder = match (
+        std::env::var("DATABASE_URL"),
+        std::env::var("REDIS_URL"),
+        std::env::var("ETCD_ENDPOINTS"),
+    ) {
+        (Ok(url), _, _) => builder.postgres(url),
+        (_, Ok(url), _) => builder.redis(url),
+        (_, _, Ok(endpoints)) => builder.etcd(endpoints.split(',').map(str::to_owned)),
         _ => builder.memory(store.clone()),
     };
     Ok(builder.build().await?)
@@ -71,6 +78,8 @@ async fn main() -> anyhow::Result<()> {
         "PostgreSQL (DATABASE_URL)"
     } else if std::env::var("REDIS_URL").is_ok() {
         "Redis (REDIS_URL)"
+    } else if std::env::var("ETCD_ENDPOINTS").is_ok() {
+        "etcd (ETCD_ENDPOINTS)"
     } else {
         "the in-process memory store"
     };

@@ -9,6 +9,10 @@
 //!
 //!     DATABASE_URL=postgres://user:password@127.0.0.1:5432/db \
 //!         cargo run -p lock-examples --example multi_process
+//!
+//! and with ETCD_ENDPOINTS (separated by commas) in etcd:
+//!
+//!     ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p lock-examples --example multi_process
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -43,9 +47,13 @@ fn now_ms() -> u64 {
 async fn child(url: String, run: u64) -> anyhow::Result<()> {
     // DATABASE_URL reaches the children through their environment.
     let builder = LockRuntime::builder();
-    let builder = match std::env::var("DATABASE_URL") {
-        Ok(database) => builder.postgres(database),
-        Err(_) => builder.redis(url.as_str()),
+    let builder = match (
+        std::env::var("DATABASE_URL"),
+        std::env::var("ETCD_ENDPOINTS"),
+    ) {
+        (Ok(database), _) => builder.postgres(database),
+        (_, Ok(endpoints)) => builder.etcd(endpoints.split(',').map(str::to_owned)),
+        _ => builder.redis(url.as_str()),
     };
     let runtime = builder.build().await?;
     let client = redis::Client::open(url.as_str())?;
@@ -115,6 +123,8 @@ async fn main() -> anyhow::Result<()> {
     };
     if std::env::var("DATABASE_URL").is_ok() {
         println!("locking in PostgreSQL (DATABASE_URL); counting the runs in Redis");
+    } else if std::env::var("ETCD_ENDPOINTS").is_ok() {
+        println!("locking in etcd (ETCD_ENDPOINTS); counting the runs in Redis");
     }
     // Every process fires its ticks at the same wall-clock instants.
     let run = now_ms() + 1000;

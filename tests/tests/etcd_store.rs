@@ -1,0 +1,125 @@
+//! The etcd store's own tests on real etcd: bad endpoints and credentials give clear errors
+//! (a password never printed), and a cluster with authentication on works with `etcd_user`.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::EtcdCluster;
+
+const PASSWORD: &str = "s3cr3t-Pa55word";
+
+/// Turns authentication on, with `root` (the only user etcd lets enable it) and PASSWORD.
+async fn with_auth(cluster: &EtcdCluster) {
+    let mut admin = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("connect");
+    admin
+        .user_add("root", PASSWORD, None)
+        .await
+        .expect("user_add");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    admin.auth_enable().await.expect("auth_enable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_is_a_transient_error_naming_it() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let err = LockRuntime::builder()
+        .etcd([endpoint.clone()])
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect_err("nothing listens there");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "build() is bounded by the connect timeout"
+    );
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&endpoint), "{err}");
+    let empty: [&str; 0] = [];
+    let err = LockRuntime::builder()
+        .etcd(empty)
+        .build()
+        .await
+        .expect_err("no endpoint");
+    assert!(matches!(err, LockError::Config(_)), "{err}");
+    let err = LockRuntime::builder()
+        .redis("redis://127.0.0.1:1")
+        .etcd_user("u", "p")
+        .build()
+        .await
+        .expect_err("etcd_user without etcd");
+    assert!(err.to_string().contains("etcd_user applies to"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_works_and_a_wrong_password_is_never_printed() {
+    let cluster = EtcdCluster::start(1);
+    with_auth(&cluster).await;
+    // Without credentials: refused, and final (a retry will not cure it).
+    let err = LockRuntime::builder()
+        .etcd(cluster.endpoints())
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("auth is on");
+    assert!(!err.is_transient(), "{err}");
+    // A wrong password: refused, never printed.
+    let wrong = "Wr0ng-Pa55word-xyz";
+    let err = LockRuntime::builder()
+        .etcd(cluster.endpoints())
+        .etcd_user("root", wrong)
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("wrong password");
+    for shown in [err.to_string(), format!("{err:?}")] {
+        assert!(!shown.contains(wrong), "the password leaked: {shown}");
+    }
+    // The right one: locks work, waiting too.
+    let runtime = |owner: &'static str| {
+        LockRuntime::builder()
+            .etcd(cluster.endpoints())
+            .etcd_user("root", PASSWORD)
+            .owner(owner)
+            .build()
+    };
+    let a = runtime("a").await.expect("build with the password");
+    let b = runtime("b").await.expect("build with the password");
+    for shown in [
+        format!("{a:?}"),
+        format!("{:?}", LockRuntime::builder().etcd_user("root", PASSWORD)),
+    ] {
+        assert!(!shown.contains(PASSWORD), "the password leaked: {shown}");
+    }
+    let guard = a
+        .lock("authed")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = tokio::spawn(async move {
+        let got = b
+            .lock("authed")
+            .acquire_timeout(Duration::from_secs(10))
+            .await;
+        (got, b)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(guard.release().await.expect("release"));
+    let (got, b) = waiter.await.expect("waiter");
+    got.expect("the waiter gets it")
+        .release()
+        .await
+        .expect("release");
+    a.shutdown().await;
+    b.shutdown().await;
+}
