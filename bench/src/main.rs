@@ -7,6 +7,7 @@
 //! cargo run --release -p lock-bench -- --quick   # seconds; what CI runs
 //! cargo run --release -p lock-bench -- --json results.json
 //! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
+//! cargo run --release -p lock-bench -- --etcd-only [--quick]  # the etcd rows alone, printed
 //! cargo run -p lock-bench -- --table results.json       # the README's table from a results file
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
 //! cargo run --release -p lock-bench -- --macro-overhead [--quick] [--json PATH]  # row 6 taken apart
@@ -22,6 +23,7 @@ use lock_tests::RedisServer;
 use serde_json::json;
 
 mod costs;
+mod etcd;
 mod handoff;
 mod overhead;
 mod peers;
@@ -111,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
     let mut throughput_only = false;
     let mut macro_overhead = false;
     let mut ours_only = false;
+    let mut etcd_only = false;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
@@ -120,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
             "--throughput" => throughput_only = true,
             "--macro-overhead" => macro_overhead = true,
             "--ours-only" => ours_only = true,
+            "--etcd-only" => etcd_only = true,
             "--table" => {
                 let path = iter.next().context("--table needs a results file")?;
                 let text =
@@ -131,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only, --script-costs, --throughput or --macro-overhead, and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput or --macro-overhead, and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -171,6 +175,24 @@ async fn main() -> anyhow::Result<()> {
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             println!("\nwrote {path}");
         }
+        return Ok(());
+    }
+    if etcd_only {
+        let rows = etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
+        println!("etcd {}:", rows.server_version);
+        for (tasks, pair) in [(1, rows.one), (64, rows.many)] {
+            println!(
+                "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
+                pair[0],
+                pair[1],
+                pair[1] / pair[0].max(1e-9)
+            );
+        }
+        println!(
+            "  handoff p50 / p99: {:.2} / {:.2} ms",
+            ms(rows.handoff_p50),
+            ms(rows.handoff_p99)
+        );
         return Ok(());
     }
     if postgres_only {

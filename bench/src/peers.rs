@@ -77,6 +77,8 @@ pub(crate) enum Impl {
     AsyncRedisLock(async_redis_lock::Locker),
     /// A hand-written lock on a PostgreSQL table.
     PgHand(crate::pg::HandPg),
+    /// A hand-written lock on etcd.
+    EtcdHand(crate::etcd::HandEtcd),
 }
 
 impl Impl {
@@ -89,6 +91,7 @@ impl Impl {
             Impl::Rslock(_) => "rslock 0.10",
             Impl::AsyncRedisLock(_) => "async-redis-lock 0.4",
             Impl::PgHand(_) => "hand-written INSERT .. ON CONFLICT + DELETE (baseline)",
+            Impl::EtcdHand(_) => "hand-written lease + txn put + txn delete (baseline)",
         }
     }
 
@@ -170,6 +173,7 @@ impl Impl {
                     .map_err(|e| anyhow::anyhow!("async-redis-lock: {e:?}"))?;
             }
             Impl::PgHand(hand) => hand.pair(key).await?,
+            Impl::EtcdHand(hand) => hand.pair(key).await?,
         }
         Ok(())
     }

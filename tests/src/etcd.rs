@@ -57,8 +57,21 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts a cluster of `size` members and waits until it has a leader.
+    /// Starts a cluster of `size` members and waits until it has a leader. A port taken by
+    /// someone else between choosing it and binding it (members bind late) means a new try on
+    /// other ports, up to five.
     pub fn start(size: usize) -> Self {
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            match Self::try_start(size) {
+                Ok(cluster) => return cluster,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("etcd did not start in 5 tries; last log:\n{last_log}");
+    }
+
+    fn try_start(size: usize) -> Result<Self, String> {
         let binary = etcd_binary();
         let dir = tempfile::Builder::new()
             .prefix("etcd-")
@@ -85,8 +98,12 @@ impl EtcdCluster {
         for i in 0..size {
             cluster.spawn(&binary, i);
         }
-        cluster.wait_healthy(Duration::from_secs(30));
-        cluster
+        match cluster.healthy_within(Duration::from_secs(30)) {
+            Ok(()) => Ok(cluster),
+            // Dropping the cluster stops the members that did start.
+            Err(log) if log.contains("address already in use") => Err(log),
+            Err(log) => panic!("etcd did not become healthy; log:\n{log}"),
+        }
     }
 
     /// The client URLs of every member.
@@ -133,22 +150,30 @@ impl EtcdCluster {
     }
 
     /// Waits until every running member reports itself healthy (it has a leader).
-    fn wait_healthy(&self, limit: Duration) {
+    fn wait_healthy(&mut self, limit: Duration) {
+        if let Err(log) = self.healthy_within(limit) {
+            panic!("etcd did not become healthy within {limit:?}; log:\n{log}");
+        }
+    }
+
+    /// Waits until every running member reports itself healthy; the failing member's log
+    /// when one exits or the time runs out.
+    fn healthy_within(&mut self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
-        for (i, member) in self.members.iter().enumerate() {
-            if member.child.is_none() {
-                continue;
-            }
-            while !healthy(member.client_port) {
-                assert!(
-                    Instant::now() < deadline,
-                    "etcd member {} did not become healthy within {limit:?}; log:\n{}",
-                    member.name,
-                    self.log(i)
-                );
+        for i in 0..self.members.len() {
+            let port = self.members[i].client_port;
+            while let Some(child) = self.members[i].child.as_mut() {
+                if healthy(port) {
+                    break;
+                }
+                let exited = matches!(child.try_wait(), Ok(Some(_)));
+                if exited || Instant::now() >= deadline {
+                    return Err(format!("member {}:\n{}", self.members[i].name, self.log(i)));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     /// Member `i`'s log.

@@ -3,6 +3,7 @@
 //! scrubbed, leases granted, read and revoked).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnResponse};
@@ -64,6 +65,29 @@ impl Conn {
                 let _ = client.lease_revoke(lease).await;
             }
         });
+    }
+
+    /// Revokes `leases` one by one, each again every 200 ms until etcd confirms it is gone,
+    /// for at most `ttl` plus a second (by then an unrevoked lease has expired anyway).
+    pub(super) async fn revoke_until_gone(self: Arc<Self>, leases: Vec<i64>, ttl: Duration) {
+        let give_up = tokio::time::Instant::now() + ttl + Duration::from_secs(1);
+        for lease in leases {
+            loop {
+                let revoked = self
+                    .send(|mut c| async move { c.lease_revoke(lease).await })
+                    .await;
+                match revoked {
+                    Ok(_) => break,
+                    Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => {
+                        break;
+                    }
+                    Err(_) if tokio::time::Instant::now() < give_up => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
     }
 
     /// The time left on `lease` (None: no lease, or unknown).
