@@ -107,7 +107,7 @@ pub(crate) async fn measure(
         .build()
         .await?;
     let impls = [
-        Arc::new(Impl::EtcdHand(hand)),
+        Arc::new(Impl::EtcdHand(Box::new(hand))),
         Arc::new(Impl::Ours(ours.clone())),
     ];
     let one = table(&impls, 1, duration, rounds).await?;

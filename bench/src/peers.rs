@@ -78,7 +78,7 @@ pub(crate) enum Impl {
     /// A hand-written lock on a PostgreSQL table.
     PgHand(crate::pg::HandPg),
     /// A hand-written lock on etcd.
-    EtcdHand(crate::etcd::HandEtcd),
+    EtcdHand(Box<crate::etcd::HandEtcd>),
 }
 
 impl Impl {
