@@ -325,6 +325,7 @@ async fn main() -> anyhow::Result<()> {
     let counts = rows::fairness(&url, 4, 4, mode.fairness).await?;
 
     let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
+    let etcd_rows = etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
     let min = counts.iter().copied().min().unwrap_or(0);
     let max = counts.iter().copied().max().unwrap_or(0);
     let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
@@ -465,6 +466,7 @@ async fn main() -> anyhow::Result<()> {
         },
         "provenance": sys::provenance(),
         "postgres": pg_json(&pg),
+        "etcd": etcd_json(&etcd_rows),
         "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
     });
     println!();
@@ -494,6 +496,20 @@ async fn implementations(url: &str) -> anyhow::Result<(LockRuntime, Vec<Arc<Impl
         )),
     ];
     Ok((ours_runtime, impls))
+}
+
+/// The etcd rows as JSON.
+fn etcd_json(rows: &etcd::EtcdRows) -> serde_json::Value {
+    json!({
+        "server_version": rows.server_version,
+        "members": 1,
+        "implementations": ["hand-written lease + txn put + txn delete", "ours (programmatic)"],
+        "pairs_per_s_1_task": rows.one,
+        "pairs_per_s_64_tasks": rows.many,
+        "ours_vs_hand_1_task": rows.one[1] / rows.one[0],
+        "ours_vs_hand_64_tasks": rows.many[1] / rows.many[0],
+        "handoff_ms": {"p50": ms(rows.handoff_p50), "p99": ms(rows.handoff_p99)},
+    })
 }
 
 /// The PostgreSQL rows as JSON.

@@ -59,6 +59,9 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
     if r.get("postgres").is_some() {
         postgres_rows(r, &mut out)?;
     }
+    if r.get("etcd").is_some() {
+        etcd_rows(r, &mut out)?;
+    }
     if let Some(targets) = r.get("targets").and_then(Value::as_array) {
         writeln!(out, "\n```text\ntargets:")?;
         for t in targets {
@@ -212,6 +215,31 @@ fn watchdog_row(r: &Value, out: &mut String, row: &str, key: &str) -> anyhow::Re
         num(w, "/leases_renewed_per_s")?,
         num(w, "/cpu_percent")?,
         num(w, "/peak_rss_mib")?,
+    )?;
+    Ok(())
+}
+
+fn etcd_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
+    let etcd = r.get("etcd").context("no etcd rows")?;
+    let version = text(etcd, "/server_version");
+    for (label, key, tasks) in [("1", "1_task", "1 task"), ("2", "64_tasks", "64 tasks")] {
+        let hand = num(etcd, &format!("/pairs_per_s_{key}/0"))?;
+        let ours = num(etcd, &format!("/pairs_per_s_{key}/1"))?;
+        writeln!(
+            out,
+            "| {label}. pairs/s, {tasks}, etcd {version} (1 member) | hand-written lease + txn put + txn delete | {hand:.0} | baseline |"
+        )?;
+        writeln!(
+            out,
+            "| {label}. pairs/s, {tasks}, etcd {version} (1 member) | ours (programmatic) | {ours:.0} | {:.2}x |",
+            ours / hand.max(1e-9)
+        )?;
+    }
+    writeln!(
+        out,
+        "| 3. handoff p50 / p99, etcd {version} (1 member) | ours (watch) | {:.2} / {:.2} ms | |",
+        num(etcd, "/handoff_ms/p50")?,
+        num(etcd, "/handoff_ms/p99")?,
     )?;
     Ok(())
 }
