@@ -285,7 +285,9 @@ impl LockRuntimeBuilder {
     /// `http://host:port` (or `host:port`). One key per held lock on an etcd lease of the
     /// ttl (whole seconds, rounded up), fences from etcd's revisions (they survive every
     /// failover), waiting through one watch stream per runtime. For user and password, see
-    /// [`etcd_user`](Self::etcd_user). TLS is not supported yet.
+    /// [`etcd_user`](Self::etcd_user). `https://` endpoints (all of them) mean TLS, with the
+    /// `tls` cargo feature, verified against the system's roots or
+    /// [`tls_root_cert_pem`](Self::tls_root_cert_pem).
     #[cfg(feature = "etcd")]
     pub fn etcd<I, S>(self, endpoints: I) -> Self
     where
@@ -337,7 +339,8 @@ impl LockRuntimeBuilder {
 
     /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis),
     /// [`redis_cluster`](Self::redis_cluster), [`redis_sentinel`](Self::redis_sentinel) (the
-    /// sentinels and the masters they name) or [`redlock`](Self::redlock), or with [`postgres`](Self::postgres) and
+    /// sentinels and the masters they name) or [`redlock`](Self::redlock), with `https://`
+    /// endpoints given to `etcd` (cargo feature `etcd`), or with [`postgres`](Self::postgres) and
     /// [`postgres_config`](Self::postgres_config) (where it also asks for TLS, as
     /// `sslmode=require` does): trust this PEM root certificate (e.g. a private CA's) instead
     /// of the system's roots.
@@ -465,6 +468,7 @@ impl LockRuntimeBuilder {
                 let store = Box::pin(EtcdStore::connect(EtcdOptions {
                     endpoints,
                     user: self.etcd_user,
+                    tls_root_cert: self.tls_root_cert,
                     connect_timeout,
                     command_timeout,
                 }))

@@ -27,13 +27,18 @@ pub struct EtcdMember {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP, for `/health` (also when clients must use TLS).
+    metrics_port: u16,
+    /// Clients must use TLS.
+    tls: bool,
     child: Option<Child>,
 }
 
 impl EtcdMember {
-    /// `http://127.0.0.1:<client port>`.
+    /// `http://127.0.0.1:<client port>` (`https://` for a TLS cluster).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The client port.
@@ -54,6 +59,8 @@ pub struct EtcdCluster {
     pub members: Vec<EtcdMember>,
     dir: tempfile::TempDir,
     initial: String,
+    /// For a TLS cluster: the directory holding `server.crt` and `server.key`.
+    certs: Option<PathBuf>,
 }
 
 impl EtcdCluster {
@@ -61,9 +68,19 @@ impl EtcdCluster {
     /// someone else between choosing it and binding it (members bind late) means a new try on
     /// other ports, up to five.
     pub fn start(size: usize) -> Self {
+        Self::start_with(size, None)
+    }
+
+    /// Like [`start`](Self::start), the members accepting clients over TLS only, with the
+    /// certificate `server.crt` and key `server.key` found in `certs`.
+    pub fn start_tls(size: usize, certs: &Path) -> Self {
+        Self::start_with(size, Some(certs.to_owned()))
+    }
+
+    fn start_with(size: usize, certs: Option<PathBuf>) -> Self {
         let mut last_log = String::new();
         for _ in 0..5 {
-            match Self::try_start(size) {
+            match Self::try_start(size, certs.clone()) {
                 Ok(cluster) => return cluster,
                 Err(log) => last_log = log,
             }
@@ -71,7 +88,7 @@ impl EtcdCluster {
         panic!("etcd did not start in 5 tries; last log:\n{last_log}");
     }
 
-    fn try_start(size: usize) -> Result<Self, String> {
+    fn try_start(size: usize, certs: Option<PathBuf>) -> Result<Self, String> {
         let binary = etcd_binary();
         let dir = tempfile::Builder::new()
             .prefix("etcd-")
@@ -82,6 +99,8 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: free_port(),
                 peer_port: free_port(),
+                metrics_port: free_port(),
+                tls: certs.is_some(),
                 child: None,
             })
             .collect();
@@ -94,6 +113,7 @@ impl EtcdCluster {
             members,
             dir,
             initial,
+            certs,
         };
         for i in 0..size {
             cluster.spawn(&binary, i);
@@ -126,13 +146,23 @@ impl EtcdCluster {
         let member = &self.members[i];
         let client = member.url();
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new(binary)
+        let metrics = format!("http://127.0.0.1:{}", member.metrics_port);
+        let mut command = Command::new(binary);
+        if let Some(certs) = &self.certs {
+            command
+                .arg("--cert-file")
+                .arg(certs.join("server.crt"))
+                .arg("--key-file")
+                .arg(certs.join("server.key"));
+        }
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(self.dir.path().join(&member.name))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial])
             .args(["--initial-cluster-state", "new"])
@@ -161,7 +191,7 @@ impl EtcdCluster {
     fn healthy_within(&mut self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         for i in 0..self.members.len() {
-            let port = self.members[i].client_port;
+            let port = self.members[i].metrics_port;
             while let Some(child) = self.members[i].child.as_mut() {
                 if healthy(port) {
                     break;
@@ -231,7 +261,7 @@ impl EtcdCluster {
     }
 }
 
-/// GET /health on a member's client port answers `"health":"true"` once it has a leader.
+/// GET /health on a member's metrics port answers `"health":"true"` once it has a leader.
 fn healthy(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;

@@ -49,6 +49,8 @@ pub(crate) struct EtcdOptions {
     pub(crate) endpoints: Vec<String>,
     /// User name and password (etcd authentication).
     pub(crate) user: Option<(String, String)>,
+    /// A PEM root certificate to trust for `https://` endpoints instead of the system's.
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
 }
@@ -181,6 +183,7 @@ impl EtcdStore {
             .with_keep_alive(KEEP_ALIVE, options.command_timeout.max(KEEP_ALIVE))
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
+        connect = tls(&options, connect)?;
         if let Some((user, password)) = &options.user {
             // An auth token expires (5 minutes idle by default): fetch a new one when etcd
             // says so, rather than failing every call from then on.
@@ -535,6 +538,47 @@ impl EtcdStore {
             held_for,
         )
     }
+}
+
+/// TLS for `https://` endpoints (cargo feature `tls`), verified against `tls_root_cert` or
+/// else the system's roots. Endpoints are all `https://` or all plain.
+fn tls(options: &EtcdOptions, connect: ConnectOptions) -> Result<ConnectOptions, LockError> {
+    let secure = options
+        .endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if secure != 0 && secure != options.endpoints.len() {
+        return Err(LockError::config(
+            "etcd endpoints must be all https:// or all plain, not a mix",
+        ));
+    }
+    if secure == 0 {
+        if options.tls_root_cert.is_some() {
+            return Err(LockError::config(
+                "tls_root_cert_pem was given for etcd, but no endpoint is https://",
+            ));
+        }
+        return Ok(connect);
+    }
+    tls_config(options, connect)
+}
+
+#[cfg(feature = "tls")]
+fn tls_config(options: &EtcdOptions, connect: ConnectOptions) -> Result<ConnectOptions, LockError> {
+    use etcd_client::{Certificate, TlsOptions};
+    let tls = match &options.tls_root_cert {
+        Some(pem) => TlsOptions::new().ca_certificate(Certificate::from_pem(pem)),
+        None => TlsOptions::new().with_native_roots(),
+    };
+    Ok(connect.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_config(_: &EtcdOptions, _: ConnectOptions) -> Result<ConnectOptions, LockError> {
+    Err(LockError::config(
+        "https:// etcd endpoints need the `tls` cargo feature of lock-runtime",
+    ))
 }
 
 /// A request that never reached etcd: the connection to the endpoint it was sent to could not
