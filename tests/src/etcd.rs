@@ -118,11 +118,35 @@ impl EtcdCluster {
         for i in 0..size {
             cluster.spawn(&binary, i);
         }
-        match cluster.healthy_within(Duration::from_secs(30)) {
+        let started = cluster.healthy_within(Duration::from_secs(30));
+        // Every member still running and taking clients (a member that lost a port race can
+        // exit after the others formed a majority).
+        let started = started.and_then(|()| {
+            for i in 0..cluster.members.len() {
+                let port = cluster.members[i].client_port;
+                let alive = cluster.members[i]
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+                if !alive || TcpStream::connect(("127.0.0.1", port)).is_err() {
+                    return Err(format!("member {} is not running", cluster.members[i].name));
+                }
+            }
+            Ok(())
+        });
+        match started {
             Ok(()) => Ok(cluster),
-            // Dropping the cluster stops the members that did start.
-            Err(log) if log.contains("address already in use") => Err(log),
-            Err(log) => panic!("etcd did not become healthy; log:\n{log}"),
+            Err(why) => {
+                // A port taken by someone else between choosing and binding, on any member,
+                // is worth another try on other ports (dropping the cluster stops the members
+                // that did start); anything else is a failure.
+                let logs: String = (0..cluster.members.len()).map(|i| cluster.log(i)).collect();
+                if logs.contains("address already in use") {
+                    Err(logs)
+                } else {
+                    panic!("etcd did not start: {why}; logs:\n{logs}")
+                }
+            }
         }
     }
 
@@ -180,7 +204,7 @@ impl EtcdCluster {
     }
 
     /// Waits until every running member reports itself healthy (it has a leader).
-    fn wait_healthy(&mut self, limit: Duration) {
+    pub fn wait_healthy(&mut self, limit: Duration) {
         if let Err(log) = self.healthy_within(limit) {
             panic!("etcd did not become healthy within {limit:?}; log:\n{log}");
         }

@@ -228,3 +228,28 @@ async fn a_waiter_hears_a_release_after_etcd_was_down_a_while() {
     holder.shutdown().await;
     waiting.shutdown().await;
 }
+
+/// `build()` with one member of three down: the probe that checks the cluster answers is sent
+/// again to another member when it went to the dead one, so the runtime starts every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_builds_with_one_member_down() {
+    let mut cluster = EtcdCluster::start(3);
+    cluster.kill(0);
+    // The two left elect a leader if the dead one led.
+    cluster.wait_healthy(Duration::from_secs(30));
+    for i in 0..8 {
+        let runtime = LockRuntime::builder()
+            .etcd(cluster.endpoints())
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("build {i} with one member down: {e}"));
+        let guard = runtime
+            .lock("one-down")
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        assert!(guard.release().await.expect("release"));
+        runtime.shutdown().await;
+    }
+}

@@ -11,6 +11,9 @@ use etcd_client::{Client, Txn, TxnResponse};
 use super::{EtcdOptions, error, lease_secs, unsent};
 use crate::LockError;
 
+/// How long past twice the ttl a cut-off acquire's leases are still revoked (elections).
+const REVOKE_MARGIN: Duration = Duration::from_secs(10);
+
 /// What every operation of the store needs; shared with the renewal tasks.
 pub(super) struct Conn {
     pub(super) client: Client,
@@ -67,10 +70,14 @@ impl Conn {
         });
     }
 
-    /// Revokes `leases` one by one, each again every 200 ms until etcd confirms it is gone,
-    /// for at most `ttl` plus a second (by then an unrevoked lease has expired anyway).
+    /// Revokes `leases` one by one, each again every 200 ms until etcd confirms it is gone.
+    /// Bounded: a lease outlives its ttl by the server's minimum lease ttl at most, and a new
+    /// leader gives every lease its whole ttl again when it takes over (acquires are cut off
+    /// mostly during elections, when revokes fail too), so twice the ttl and a margin for
+    /// elections.
     pub(super) async fn revoke_until_gone(self: Arc<Self>, leases: Vec<i64>, ttl: Duration) {
-        let give_up = tokio::time::Instant::now() + ttl + Duration::from_secs(1);
+        let give_up =
+            tokio::time::Instant::now() + 2 * ttl.max(Duration::from_secs(2)) + REVOKE_MARGIN;
         for lease in leases {
             loop {
                 let revoked = self

@@ -45,6 +45,9 @@ pub(super) async fn extend(conn: &Arc<Conn>, items: &[ExtendItem]) -> Vec<Renewa
             {
                 answers[j] = answer;
             }
+            // Unknown until its task answers: a task that panicked or was aborted says nothing
+            // about the lease.
+            answers[i] = Renewal::Unknown("the renewal did not finish".to_owned());
             let (conn, item) = (conn.clone(), item.clone());
             tasks.spawn(async move { (i, renew(&conn, &item, kv).await) });
         }

@@ -183,6 +183,14 @@ impl WatchConn {
 
 impl PubSubConnection for WatchConn {
     async fn subscribe(&mut self, channel: &str) -> Result<(), LockError> {
+        // Already watched on this stream: a rebuild that ran between the watcher's arrival
+        // and this call created it (a second watch would be left behind by the unsubscribe).
+        if let Some(stream) = &self.stream
+            && routes(&stream.routes).by_channel.contains_key(channel)
+        {
+            self.watched.insert(channel.to_owned());
+            return Ok(());
+        }
         self.watched.insert(channel.to_owned());
         let done = if self.stream.is_some() {
             self.create(channel).await
