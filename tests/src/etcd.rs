@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::server::{binary_from_env, free_port};
+use crate::server::binary_from_env;
 
 /// The `etcd` the tests run: ETCD_BIN, or `etcd` from the PATH. Panics with an install hint
 /// when it is missing.
@@ -94,12 +94,13 @@ impl EtcdCluster {
             .prefix("etcd-")
             .tempdir()
             .expect("creating a temp dir for etcd");
+        let ports = distinct_free_ports(3 * size);
         let members: Vec<EtcdMember> = (0..size)
             .map(|i| EtcdMember {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
-                metrics_port: free_port(),
+                client_port: ports[3 * i],
+                peer_port: ports[3 * i + 1],
+                metrics_port: ports[3 * i + 2],
                 tls: certs.is_some(),
                 child: None,
             })
@@ -141,7 +142,7 @@ impl EtcdCluster {
                 // is worth another try on other ports (dropping the cluster stops the members
                 // that did start); anything else is a failure.
                 let logs: String = (0..cluster.members.len()).map(|i| cluster.log(i)).collect();
-                if logs.contains("address already in use") {
+                if logs.contains("address already in use") || logs.contains("duplicate url") {
                     Err(logs)
                 } else {
                     panic!("etcd did not start: {why}; logs:\n{logs}")
@@ -283,6 +284,22 @@ impl EtcdCluster {
         }
         panic!("no running member says it leads");
     }
+}
+
+/// `count` free loopback ports, all different: each is held until all are found (one port
+/// chosen, freed and chosen again would give a cluster two members on one URL).
+fn distinct_free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .expect("a bound listener has an address")
+                .port()
+        })
+        .collect()
 }
 
 /// GET /health on a member's metrics port answers `"health":"true"` once it has a leader.
