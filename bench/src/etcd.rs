@@ -64,28 +64,6 @@ pub(crate) struct EtcdRows {
     pub(crate) handoff_p99: Duration,
 }
 
-/// Median pairs/s of each implementation over `rounds` rounds, the order rotating each round.
-async fn table(
-    impls: &[Arc<Impl>; 2],
-    tasks: usize,
-    duration: Duration,
-    rounds: usize,
-) -> anyhow::Result<[f64; 2]> {
-    let mut samples = [Vec::new(), Vec::new()];
-    for round in 0..rounds {
-        for k in 0..2 {
-            let i = (round + k) % 2;
-            let tag = format!("etcd-t{tasks}-r{round}-i{i}");
-            samples[i].push(
-                rows::throughput(impls[i].clone(), tasks, duration, &tag)
-                    .await?
-                    .0,
-            );
-        }
-    }
-    Ok(samples.map(rows::median))
-}
-
 pub(crate) async fn measure(
     duration: Duration,
     rounds: usize,
@@ -110,8 +88,8 @@ pub(crate) async fn measure(
         Arc::new(Impl::EtcdHand(Box::new(hand))),
         Arc::new(Impl::Ours(ours.clone())),
     ];
-    let one = table(&impls, 1, duration, rounds).await?;
-    let many = table(&impls, 64, duration, rounds).await?;
+    let one = rows::pair_table(&impls, 1, duration, rounds, "etcd").await?;
+    let many = rows::pair_table(&impls, 64, duration, rounds, "etcd").await?;
     let holder = LockRuntime::builder()
         .etcd(endpoints.clone())
         .build()

@@ -41,6 +41,26 @@ pub(crate) async fn throughput(
     Ok((total as f64 / started.elapsed().as_secs_f64(), total))
 }
 
+/// Median pairs/s of a baseline and ours over `rounds` rounds, the order rotating each round
+/// (the PostgreSQL and etcd rows); `store` names the run's keys.
+pub(crate) async fn pair_table(
+    impls: &[Arc<Impl>; 2],
+    tasks: usize,
+    duration: Duration,
+    rounds: usize,
+    store: &str,
+) -> anyhow::Result<[f64; 2]> {
+    let mut samples = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for k in 0..2 {
+            let i = (round + k) % 2;
+            let tag = format!("{store}-t{tasks}-r{round}-i{i}");
+            samples[i].push(throughput(impls[i].clone(), tasks, duration, &tag).await?.0);
+        }
+    }
+    Ok(samples.map(median))
+}
+
 /// One implementation's figures in a throughput row: medians over the rounds, and the spread.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Throughput {
