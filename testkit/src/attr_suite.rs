@@ -305,6 +305,44 @@ pub async fn attr_once_skips_after_success_only<H: Harness>(store: &H) {
     );
 }
 
+/// once: a body that succeeded leaves its marker even when its lease was lost while it ran
+/// (finding 11 of the safety review: the marker was silently not written, and the job ran
+/// again at the next call).
+pub async fn attr_once_marker_survives_a_lost_lease<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let runs = counter();
+    let running = tokio::spawn(a.scope(once_outliving_its_lease("k", runs.clone())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.delete_record("once-lost:k").await;
+    let result = tokio::time::timeout(Duration::from_secs(15), running)
+        .await
+        .expect("the job ends")
+        .expect("task");
+    assert_eq!(result, Some(true), "the job ran and saw its lease lost");
+    assert_eq!(
+        b.scope(once_outliving_its_lease("k", runs.clone())).await,
+        None,
+        "the success left its marker: later calls skip"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
+}
+
+/// once: a `once` call nested in a plain call for the same key (re-entrant, no lock of its
+/// own) still leaves its marker when it succeeds (finding 11, its second part).
+pub async fn attr_reentrant_once_leaves_its_marker<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let runs = counter();
+    assert_eq!(a.scope(outer_plain("l", runs.clone())).await, Some(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        a.scope(nested_once("l", runs.clone())).await,
+        None,
+        "the nested call's success left its marker"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
+}
+
 /// Methods (`&self`, `&mut self` with `{self.field}`) and generic functions.
 pub async fn attr_methods_and_generics<H: Harness>(store: &H) {
     let rt = store.runtime().await;

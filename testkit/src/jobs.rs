@@ -128,6 +128,31 @@ pub(crate) async fn once_job(tag: &str, fail: bool, runs: Arc<AtomicU64>) -> any
     Ok(())
 }
 
+/// A `once` job whose lease is taken from it while it runs (the test deletes the record); it
+/// waits until its runtime finds out, then succeeds all the same. `None` if it never found out.
+#[distributed_lock(key = "once-lost:{tag}", ttl = "3s", on_lost = "continue", once = "1h")]
+pub(crate) async fn once_outliving_its_lease(tag: &str, runs: Arc<AtomicU64>) -> Option<bool> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    let lease = current_lease()?;
+    tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .ok()?;
+    Some(lease.is_lost())
+}
+
+/// A plain call that calls [`nested_once`] for the same key.
+#[distributed_lock(key = "nested-once:{tag}")]
+pub(crate) async fn outer_plain(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {
+    nested_once(tag, runs).await
+}
+
+/// A `once` call, made inside [`outer_plain`]'s lock (re-entrant) or on its own.
+#[distributed_lock(key = "nested-once:{tag}", once = "1h")]
+pub(crate) async fn nested_once(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Some(())
+}
+
 /// A service whose methods are locked per instance name.
 #[derive(Debug)]
 pub(crate) struct Ledger {

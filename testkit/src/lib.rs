@@ -26,7 +26,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That generates a module `memory_store` with one `#[test]` per case (27); each builds its
+//! That generates a module `memory_store` with one `#[test]` per case (33); each builds its
 //! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
 //! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
 //! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
@@ -36,9 +36,12 @@
 //! What the cases check, in short: mutual exclusion under contention from several runtimes,
 //! token-checked release, watchdog renewal and loss detection, strictly increasing fences,
 //! `min_hold`, release on drop, panic and cancellation, event-driven waiting and timeouts,
-//! expiry of a crashed holder, `inspect`, shutdown, `extend` and `max_hold`; and for the
-//! attribute every contention policy, `on_lost`, re-entrancy, per-argument keys and `once`.
-//! Leases in the cases last a few hundred milliseconds and two check an expiry to within
+//! expiry of a crashed holder, `inspect`, `extend`, graceful shutdown (waiters end, running
+//! jobs keep their lease through the grace period, holders are told before the release), a
+//! lost lease that stays lost, `max_hold` as a hard cap; and for the attribute every
+//! contention policy, `on_lost`, re-entrancy, per-argument keys and `once` (whose marker a
+//! success leaves even when its lease was lost, and from a nested call). Most leases in the
+//! cases last a few hundred milliseconds and two cases check an expiry to within
 //! 100 ms: a store that keeps time to the millisecond (Redis, PostgreSQL) passes as is; a
 //! store whose clock is coarser (etcd's leases count whole seconds) says by how much in
 //! [`Harness::clock_granularity`], and those cases allow that much more. Where a case waits
@@ -128,6 +131,10 @@ macro_rules! behaviour_suite {
             list_and_force_release,
             shutdown_releases_everything,
             extend_and_max_hold,
+            shutdown_ends_waiters,
+            shutdown_lets_running_jobs_finish,
+            lost_stays_lost,
+            max_hold_is_a_hard_cap,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -160,6 +167,8 @@ macro_rules! attribute_suite {
             attr_param_keys_lock_per_argument,
             attr_panic_and_cancel_release_at_once,
             attr_once_skips_after_success_only,
+            attr_once_marker_survives_a_lost_lease,
+            attr_reentrant_once_leaves_its_marker,
             attr_methods_and_generics,
         );
     };

@@ -11,7 +11,12 @@ use tokio::time::Instant;
 use crate::Harness;
 
 mod operator;
+mod safety;
 pub use operator::list_and_force_release;
+pub use safety::{
+    lost_stays_lost, max_hold_is_a_hard_cap, shutdown_ends_waiters,
+    shutdown_lets_running_jobs_finish, shutdown_releases_everything,
+};
 
 /// 3 runtimes x 4 tasks x 100 iterations on 2 keys, each doing an unsynchronised
 /// read-sleep-write on a counter under the lock: the totals must be exact.
@@ -486,40 +491,6 @@ pub async fn inspect_shows_holder<H: Harness>(store: &H) {
     assert!(remaining <= Duration::from_secs(20) && remaining > Duration::from_secs(10));
     guard.release().await.expect("release");
     assert!(a.inspect("shown").await.expect("inspect").is_none());
-}
-
-/// shutdown releases every held lease, reports them lost to their holders, and refuses new
-/// requests.
-pub async fn shutdown_releases_everything<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
-    let g1 = a
-        .lock("sd-1")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let g2 = a
-        .lock("sd-2")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    a.shutdown().await;
-    assert!(g1.lease().is_lost() && g2.lease().is_lost());
-    for key in ["sd-1", "sd-2"] {
-        assert!(
-            b.lock(key).try_acquire().await.expect("try").is_some(),
-            "{key} freed by shutdown"
-        );
-    }
-    assert!(matches!(
-        a.lock("sd-3").try_acquire().await,
-        Err(LockError::Shutdown)
-    ));
-    drop((g1, g2));
 }
 
 /// extend lengthens a lease; max_hold stops renewals so the lease expires and is lost.

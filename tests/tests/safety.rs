@@ -41,55 +41,10 @@ async fn free_now(runtime: &LockRuntime, key: &str, why: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Finding 3: a waiter whose runtime shuts down gets `LockError::Shutdown`, never a guard.
-// Before: the waiter kept waiting through the shutdown and, once the holder released, was
-// handed a guard whose lease was never renewed nor reported lost.
-
-async fn waiter_ends_with_shutdown(store: &TestStore) {
-    let holder = store.runtime().await;
-    let waiting = store.runtime().await;
-    let guard = holder
-        .lock("shutdown-wait")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let waiter = {
-        let waiting = waiting.clone();
-        tokio::spawn(async move { waiting.lock("shutdown-wait").acquire().await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    waiting.shutdown().await;
-    let ended = tokio::time::timeout(Duration::from_secs(3), waiter).await;
-    // Let a still-waiting waiter (the old behaviour) win the lock, to show what it got.
-    assert!(guard.release().await.expect("release"));
-    let result = match ended {
-        Ok(joined) => joined.expect("waiter task"),
-        Err(_) => panic!("the waiter did not end when its runtime shut down"),
-    };
-    assert!(
-        matches!(result, Err(LockError::Shutdown)),
-        "expected Shutdown, got {result:?}"
-    );
-    // Nothing was left behind: the lock is free for others at once.
-    free_now(
-        &holder,
-        "shutdown-wait",
-        "free after the shut-down waiter ended",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f03_waiter_ends_with_shutdown_memory() {
-    waiter_ends_with_shutdown(&TestStore::memory()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f03_waiter_ends_with_shutdown_redis() {
-    waiter_ends_with_shutdown(&TestStore::redis()).await;
-}
+// Finding 3 (a waiter whose runtime shuts down gets `LockError::Shutdown`) and finding 4 (shutdown
+// is graceful) are conformance-kit cases now, run on every store: `shutdown_ends_waiters`,
+// `shutdown_lets_running_jobs_finish`, `shutdown_releases_everything` (lock-testkit). Their
+// tests that need a fault proxy or a stopped process stay here, further down.
 
 // ---------------------------------------------------------------------------------------------
 // Finding 5: with on_lost = "abort", the body is not polled again once the lease is lost.
@@ -597,136 +552,6 @@ async fn f14_fence_survives_a_cleared_memory_store() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Finding 4: shutdown is graceful. Held leases keep being renewed for the grace period, each is
-// released as its guard goes; what outlives the grace period is marked lost *before* it is
-// released. Before: shutdown marked every lease lost and released it at once, while its holder
-// was still running.
-
-async fn runtime_with_grace(store: &TestStore, grace: Duration) -> LockRuntime {
-    let builder = LockRuntime::builder().shutdown_grace(grace);
-    let builder = match store {
-        TestStore::Memory(memory) => builder.memory(memory.clone()),
-        TestStore::Redis(server) => builder.redis(server.url()),
-        other => panic!("no grace-period runtime for {other:?}"),
-    };
-    builder.build().await.expect("build")
-}
-
-async fn shutdown_lets_a_job_finish_with_its_lock(store: &TestStore) {
-    let a = runtime_with_grace(store, Duration::from_secs(10)).await;
-    let b = store.runtime().await;
-    let guard = a
-        .lock("graceful")
-        .ttl(Duration::from_secs(1))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let shutting = {
-        let a = a.clone();
-        tokio::spawn(async move { a.shutdown().await })
-    };
-    // Longer than the ttl: the lease lives on renewals alone.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        matches!(
-            a.lock("other").try_acquire().await,
-            Err(LockError::Shutdown)
-        ),
-        "new acquires are refused at once"
-    );
-    assert!(
-        guard.lease().is_held(),
-        "the running job keeps its lease during the grace period"
-    );
-    assert!(
-        b.lock("graceful")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_none(),
-        "and its exclusivity"
-    );
-    assert!(!shutting.is_finished(), "shutdown waits for the job");
-    assert!(
-        guard.release().await.expect("release"),
-        "still ours at the end"
-    );
-    tokio::time::timeout(Duration::from_secs(3), shutting)
-        .await
-        .expect("shutdown returns once the last lease is released")
-        .expect("task");
-    free_now(&b, "graceful", "free after the job released it").await;
-}
-
-async fn shutdown_tells_a_job_before_releasing_at_the_end_of_grace(store: &TestStore) {
-    let a = runtime_with_grace(store, Duration::from_millis(800)).await;
-    let b = store.runtime().await;
-    let guard = a
-        .lock("overrun")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let started = Instant::now();
-    let shutting = {
-        let a = a.clone();
-        tokio::spawn(async move { a.shutdown().await })
-    };
-    // Poll from another instance until the lock is free; when it is, the holder must already
-    // know that its lease is lost.
-    let taken = loop {
-        if let Some(taken) = b.lock("overrun").try_acquire().await.expect("try") {
-            break taken;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the lock was not released after the grace period (ttl 30 s)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(
-        guard.lease().is_lost(),
-        "the holder was told before its lock was released"
-    );
-    assert!(
-        started.elapsed() >= Duration::from_millis(700),
-        "released only at the end of the grace period, after {:?}",
-        started.elapsed()
-    );
-    tokio::time::timeout(Duration::from_secs(3), shutting)
-        .await
-        .expect("shutdown returns")
-        .expect("task");
-    assert!(
-        !guard.release().await.expect("release"),
-        "the runtime released it already"
-    );
-    taken.release().await.expect("release");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f04_shutdown_lets_a_job_finish_memory() {
-    shutdown_lets_a_job_finish_with_its_lock(&TestStore::memory()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f04_shutdown_lets_a_job_finish_redis() {
-    shutdown_lets_a_job_finish_with_its_lock(&TestStore::redis()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f04_shutdown_grace_end_tells_before_release_memory() {
-    shutdown_tells_a_job_before_releasing_at_the_end_of_grace(&TestStore::memory()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f04_shutdown_grace_end_tells_before_release_redis() {
-    shutdown_tells_a_job_before_releasing_at_the_end_of_grace(&TestStore::redis()).await;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Findings 1 and 2: `replicated_acquire` runs its script and WAIT on a connection of their own,
 // pipelined and never retried.
 
@@ -918,39 +743,7 @@ async fn f11_once_marker_survives_a_lapsed_lease() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
 }
 
-#[distributed_lock(key = "nested-once", once = "1h")]
-async fn inner_once(runs: Arc<std::sync::atomic::AtomicU64>) -> Option<()> {
-    runs.fetch_add(1, Ordering::SeqCst);
-    Some(())
-}
-
-#[distributed_lock(key = "nested-once")]
-async fn outer_plain(runs: Arc<std::sync::atomic::AtomicU64>) -> Option<()> {
-    inner_once(runs).await
-}
-
-async fn reentrant_once_leaves_its_marker(store: &TestStore) {
-    let runtime = store.runtime().await;
-    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    assert_eq!(runtime.scope(outer_plain(runs.clone())).await, Some(()));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        runtime.scope(inner_once(runs.clone())).await,
-        None,
-        "the nested call's success left its marker"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f11_reentrant_once_leaves_its_marker_memory() {
-    reentrant_once_leaves_its_marker(&TestStore::memory()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f11_reentrant_once_leaves_its_marker_redis() {
-    reentrant_once_leaves_its_marker(&TestStore::redis()).await;
-}
+// The re-entrant half of finding 11 is the kit case `attr_reentrant_once_leaves_its_marker`.
 
 // ---------------------------------------------------------------------------------------------
 // Finding 13c: a task that waits for a lock it holds itself through `lock()` is never left

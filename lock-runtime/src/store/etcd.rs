@@ -21,6 +21,7 @@
 //!   server's lease.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -232,6 +233,7 @@ impl EtcdStore {
                 options,
                 shown,
                 secrets,
+                min_lease_secs: AtomicI64::new(0),
             }),
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),

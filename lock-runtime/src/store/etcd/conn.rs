@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnResponse};
@@ -22,6 +23,11 @@ pub(super) struct Conn {
     pub(super) shown: String,
     /// Texts that must never appear in an error (the password).
     pub(super) secrets: Vec<String>,
+    /// The shortest lease etcd grants, in seconds, as learned from a grant that came back
+    /// longer than asked (etcd raises every ttl to its minimum, about 1.5 s rounded up); 0
+    /// until then. A renewal uses it to tell a lease that cannot be shorter from one that
+    /// outlives what the renewal asks.
+    pub(super) min_lease_secs: AtomicI64,
 }
 
 impl Conn {
@@ -57,7 +63,17 @@ impl Conn {
             .send(|mut c| async move { c.lease_grant(secs, None).await })
             .await
             .map_err(|e| self.error(&format!("{what}: lease grant failed"), e))?;
+        if granted.ttl() > secs {
+            self.min_lease_secs
+                .fetch_max(granted.ttl(), Ordering::Relaxed);
+        }
         Ok(granted.id())
+    }
+
+    /// The whole seconds a lease for `ttl` lasts once granted: `ttl` rounded up, at least
+    /// etcd's minimum as far as it is known.
+    pub(super) fn lease_secs_for(&self, ttl: Duration) -> i64 {
+        lease_secs(ttl).max(self.min_lease_secs.load(Ordering::Relaxed))
     }
 
     /// Gives leases nobody uses back, in the background (they would expire by themselves).

@@ -9,7 +9,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use tokio::task::JoinSet;
 
 use super::conn::Conn;
-use super::{MAX_TXN_OPS, gets, lease_secs, parse_value, put};
+use super::{MAX_TXN_OPS, gets, parse_value, put};
 use crate::store::{ExtendItem, Renewal};
 use crate::{BackendError, LockError};
 
@@ -92,7 +92,7 @@ async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Renewal {
     Renewal::NotOurs
 }
 
-/// Keep-alive of `kv`'s lease (or, for a longer ttl than it was granted, a move onto a new
+/// Keep-alive of `kv`'s lease (or, for another ttl than it was granted, a move onto a new
 /// lease), then the confirming read; true when the key carries the token on that lease.
 async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool, LockError> {
     let context = "lease renewal failed";
@@ -121,24 +121,27 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
         Compare::value(record, CompareOp::Equal, kv.value()),
         Compare::lease(record, CompareOp::Equal, lease),
     ];
-    if granted < lease_secs(item.ttl) {
-        // A longer ttl than the lease was granted with: move the key onto a new lease, and
-        // give the old one back.
-        let longer = conn.grant(item.ttl, context).await?;
+    if granted != conn.lease_secs_for(item.ttl) {
+        // The lease was granted for another ttl than this renewal asks, and a keep-alive
+        // renews a lease to what it was granted: a longer one (an `extend` asking for more
+        // than the ttl) would outlive the next renewal's shorter ask, and with it max_hold's
+        // cap on the last renewal; a shorter one would end before what was asked. Move the key
+        // onto a new lease of the asked ttl, and give the old one back.
+        let moved_to = conn.grant(item.ttl, context).await?;
         let moved = conn
             .txn(
                 Txn::new()
                     .when(held.clone())
-                    .and_then([put(record, kv.value(), longer)]),
+                    .and_then([put(record, kv.value(), moved_to)]),
                 context,
             )
             .await?;
         if !moved.succeeded() {
-            conn.revoke_later(vec![longer]);
+            conn.revoke_later(vec![moved_to]);
             return Ok(false);
         }
         conn.revoke_later(vec![lease]);
-        lease = longer;
+        lease = moved_to;
     }
     let confirmed = conn
         .txn(
