@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
-use lock_tests::{FaultProxy, RedisCluster, RedisServer, TestStore};
+use lock_tests::{FaultProxy, RedisCluster, RedisServer, SentinelSet, TestStore};
 use tokio::time::Instant;
 
 async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
@@ -151,6 +151,64 @@ async fn f06_wait_loop_leaves_no_orphan() {
         &other,
         "late-wait",
         "no grant of the wait loop was left behind",
+    )
+    .await;
+}
+
+/// The same through Sentinel, whose connection handling differs: a master that stops answering
+/// (SIGSTOP, no failover: the sentinels wait 60 s before they call it down) while an acquire is
+/// on its way. The acquire's bytes wait in the master's socket; when it resumes it runs them.
+/// Before: the timeout counted as "the master is gone", so the retry and the give-back went
+/// out on a new connection that could not connect while the master was stopped, and the
+/// first acquire, run on resume, left the lock to nobody for its 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f06_sentinel_acquire_timeout_leaves_no_orphan() {
+    let set = SentinelSet::start();
+    for sentinel in &set.sentinels {
+        let mut conn = sentinel
+            .client()
+            .get_connection()
+            .expect("connect to a sentinel");
+        let _: () = redis::cmd("SENTINEL")
+            .arg("SET")
+            .arg(&set.master_name)
+            .arg("down-after-milliseconds")
+            .arg(60_000)
+            .query(&mut conn)
+            .expect("SENTINEL SET");
+    }
+    let sentinel_runtime = |timeout: Duration| {
+        LockRuntime::builder()
+            .redis_sentinel(&set.master_name, set.sentinel_urls())
+            .command_timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+    };
+    let late = sentinel_runtime(Duration::from_millis(300))
+        .await
+        .expect("build");
+    let other = sentinel_runtime(Duration::from_secs(2))
+        .await
+        .expect("build");
+    free_now(&late, "stopped-master", "free before the test").await;
+    let master = set
+        .servers
+        .iter()
+        .find(|s| Some(s.port()) == set.master_port())
+        .expect("the master");
+    send_signal(master, "-STOP");
+    let failed = late
+        .lock("stopped-master")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    send_signal(master, "-CONT");
+    assert!(failed.is_err(), "the master was stopped: {failed:?}");
+    free_within_5s(
+        &other,
+        "stopped-master",
+        "the grant the stopped master ran on resume was given back",
     )
     .await;
 }

@@ -25,9 +25,18 @@ pub(crate) struct SentinelSpec {
 /// The command connection to whichever server the sentinels currently name as master.
 pub(crate) struct SentinelConn {
     spec: SentinelSpec,
-    current: Mutex<Option<(String, ConnectionManager)>>,
+    current: Mutex<Option<Master>>,
     /// Serialises re-resolution so a burst of failures asks the sentinels once.
     resolving: tokio::sync::Mutex<()>,
+}
+
+/// The master last named, its connection, and whether that is still believed.
+struct Master {
+    url: String,
+    manager: ConnectionManager,
+    /// False once a failure made it doubtful: the next command asks the sentinels again, and
+    /// keeps this connection if they still name the same server.
+    believed: bool,
 }
 
 impl std::fmt::Debug for SentinelConn {
@@ -51,15 +60,17 @@ impl SentinelConn {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .filter(|m| m.believed)
+            .map(|m| (m.url.clone(), m.manager.clone()))
     }
 
-    /// Forgets the current master if it is still `addr`, so the next command asks again.
+    /// Doubts the current master if it is still `addr`, so the next command asks again.
     fn invalidate(&self, addr: &str) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.as_ref().is_some_and(|(a, _)| a == addr) {
+        if let Some(master) = current.as_mut().filter(|m| m.url == addr) {
             tracing::debug!(master = %self.spec.master_name, old = addr, "master changed or unreachable; asking the sentinels again");
-            *current = None;
+            master.believed = false;
         }
     }
 
@@ -131,6 +142,18 @@ impl SentinelConn {
             return Ok(current);
         }
         let url = self.master_url().await?;
+        // The same server named again (it was slow, or its connection dropped): keep its
+        // connection. The commands already sent on it, a timed-out acquire among them, run
+        // on the server in the order they were sent, so a retry or a give-back sent after
+        // them cannot overtake them; on a new connection a give-back could run first, and
+        // the late acquire after it would leave the lock to nobody for its ttl.
+        {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(master) = current.as_mut().filter(|m| m.url == url) {
+                master.believed = true;
+                return Ok((url, master.manager.clone()));
+            }
+        }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.spec.connect_timeout))
             .set_response_timeout(Some(self.spec.command_timeout))
@@ -146,8 +169,11 @@ impl SentinelConn {
         .map_err(|_| {
             RedisError::from((redis::ErrorKind::Io, "the master did not answer in time"))
         })??;
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((url.clone(), manager.clone()));
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(Master {
+            url: url.clone(),
+            manager: manager.clone(),
+            believed: true,
+        });
         Ok((url, manager))
     }
 
