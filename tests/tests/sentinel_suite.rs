@@ -189,3 +189,108 @@ async fn waiters_follow_the_master_after_failover_and_the_old_one_dying() {
     assert!(released.elapsed() < Duration::from_secs(5));
     guard.release().await.expect("release");
 }
+
+/// The master crashes (SIGKILL, never back) while a runtime's subscriber is connected to it:
+/// once the sentinels have promoted the replica, that runtime's waiters wake on releases
+/// there, and a wait for a free lock takes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_follow_the_master_after_it_crashes() {
+    let mut store = TestStore::sentinel();
+    let TestStore::Sentinel(set) = &mut store else {
+        unreachable!("made as sentinel")
+    };
+    // Plain acquires: after the crash no replica is left to confirm them.
+    let plain = || {
+        LockRuntime::builder()
+            .redis_sentinel(&set.master_name, set.sentinel_urls())
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+    };
+    let holder = plain().await.expect("build");
+    let waiter = plain().await.expect("build");
+    // The waiter's subscriber connects to the first master.
+    let warm = holder
+        .lock("warm")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let warm_wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock("warm")
+                .acquire_timeout(Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    warm.release().await.expect("release");
+    warm_wait
+        .await
+        .expect("task")
+        .expect("woken")
+        .release()
+        .await
+        .expect("release");
+
+    let old_port = set.master_port().expect("a master");
+    let old = set
+        .servers
+        .iter()
+        .position(|s| s.port() == old_port)
+        .expect("the old master");
+    set.servers[old].kill();
+    set.wait_for(Duration::from_secs(30), |set| {
+        set.master_port().is_some_and(|p| p != old_port)
+    });
+    let crashed = tokio::time::Instant::now();
+
+    // A wait for a free lock takes it.
+    let fresh = waiter
+        .lock("fresh-after-crash")
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("a free lock is taken after the failover");
+    assert!(fresh.release().await.expect("release"));
+
+    // A waiter wakes on a release on the new master.
+    let held = loop {
+        match holder
+            .lock("after-crash")
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+        {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody else holds after-crash"),
+            Err(e) => {
+                assert!(
+                    crashed.elapsed() < Duration::from_secs(15),
+                    "the holder did not follow the new master: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock("after-crash")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = tokio::time::Instant::now();
+    assert!(held.release().await.expect("release"));
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter woke on the release, not after the 30 s ttl")
+        .expect("task")
+        .expect("acquired on the new master");
+    assert!(released.elapsed() < Duration::from_secs(5));
+    got.release().await.expect("release");
+}

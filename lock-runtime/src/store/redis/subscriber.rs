@@ -3,6 +3,7 @@
 //! subscriptions and wakes the waiters.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind};
@@ -55,6 +56,8 @@ impl RedisBackend {
         let conn = RedisPubSub {
             conn,
             follow,
+            retry_in: FIRST_RETRY,
+            command_timeout: self.options.command_timeout,
             secrets: self.secrets.clone(),
             shown_url: self.shown_url.clone(),
         };
@@ -82,10 +85,20 @@ impl redis::aio::AsyncPushSender for PushEvents {
     }
 }
 
+/// With Sentinel, how soon a subscriber that could not move to a master tries again, at
+/// first and at most (doubling in between).
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(2);
+
 /// The Redis subscription connection as the [`Subscriber`] task drives it.
 struct RedisPubSub {
     conn: SubConn,
     follow: Option<(Arc<SentinelConn>, RedisOptions, PushEvents)>,
+    /// With Sentinel: the pause before the next try to move, after a failed one.
+    retry_in: Duration,
+    /// The bound on each (un)subscribe: the subscriber task does one thing at a time, and a
+    /// call to a server that died must not hold it up (nor the reports behind it).
+    command_timeout: Duration,
     secrets: Vec<String>,
     shown_url: String,
 }
@@ -98,28 +111,59 @@ impl RedisPubSub {
 
 impl PubSubConnection for RedisPubSub {
     async fn subscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        let result = self.conn.subscribe(channel).await;
+        let result = tokio::time::timeout(self.command_timeout, self.conn.subscribe(channel))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
         result.map_err(|e| self.error(&format!("subscribing to `{channel}` failed"), e))
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        let result = self.conn.unsubscribe(channel).await;
+        let result = tokio::time::timeout(self.command_timeout, self.conn.unsubscribe(channel))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
         result.map_err(|e| self.error(&format!("unsubscribing `{channel}` failed"), e))
     }
 
-    /// With Sentinel: moves to the master the sentinels name now and subscribes there.
+    /// With Sentinel: moves to the master the sentinels name now and subscribes there. When
+    /// that fails and this connection is not back either, tries again a little later, until
+    /// one of the two works: right after a master crashes the sentinels still name it (they
+    /// call it down only after their down-after time, then elect), and a connection to a dead
+    /// server reports nothing more, so without a retry the waiters would hear no release
+    /// until their holder's ttl.
     async fn disconnected(&mut self, watched: &[String]) -> bool {
         let Some((sentinel, options, push)) = &self.follow else {
             return false;
         };
-        match resubscribe_at_master(sentinel, options, push, watched).await {
-            Some(moved) => {
-                self.conn = moved;
-                true
-            }
-            None => false,
+        if let Some(moved) = resubscribe_at_master(sentinel, options, push, watched).await {
+            self.conn = moved;
+            self.retry_in = FIRST_RETRY;
+            return true;
         }
+        if self.conn.ping(options.command_timeout).await {
+            // Back by itself (the same server): it renews its subscriptions and reports each.
+            self.retry_in = FIRST_RETRY;
+            return false;
+        }
+        let (push, pause) = (push.clone(), self.retry_in);
+        self.retry_in = (self.retry_in * 2).min(LAST_RETRY);
+        tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            // Still down as far as the waiters know: each try wakes them too, so they look at
+            // the lock again meanwhile.
+            let _ = push.0.send(PubSubEvent::Disconnected);
+        });
+        false
     }
+}
+
+/// A call that got no answer within the command timeout, as redis-rs reports one (an I/O
+/// error of kind `TimedOut`, transient).
+fn timed_out() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer within the command timeout",
+    )
+    .into()
 }
 
 /// A RESP3 subscription connection to one server, feeding `push`.
@@ -156,7 +200,12 @@ async fn resubscribe_at_master(
     watched: &[String],
 ) -> Option<SubConn> {
     let url = sentinel.master_url().await.ok()?;
-    let mut conn = single_subscriber(&url, options, push.clone()).await.ok()?;
+    // Bounded: the client would retry a dead server for seconds, holding up the subscriber.
+    let open = single_subscriber(&url, options, push.clone());
+    let mut conn = tokio::time::timeout(options.connect_timeout, open)
+        .await
+        .ok()?
+        .ok()?;
     for channel in watched {
         conn.subscribe(channel).await.ok()?;
     }
