@@ -199,3 +199,85 @@ async fn publishes(cluster: &lock_tests::RedisCluster) -> (u64, u64) {
     }
     (sharded, classic)
 }
+
+/// The master of a lock's slot crashes (SIGKILL, never back) while a runtime's subscriber is
+/// subscribed on it: once its replica is promoted, that runtime's waiters wake on a release
+/// there within seconds, not at the holder's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_follow_the_slot_after_its_master_crashes() {
+    let mut store = TestStore::cluster();
+    let holder = store.runtime().await;
+    let waiter = store.runtime().await;
+    let TestStore::Cluster(cluster) = &mut store else {
+        unreachable!("made as a cluster")
+    };
+    let key = "crashed-slot";
+    // The waiter's subscriber subscribes on the slot's master.
+    let warm = holder
+        .lock(key)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let warm_wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    warm.release().await.expect("release");
+    warm_wait
+        .await
+        .expect("task")
+        .expect("woken")
+        .release()
+        .await
+        .expect("release");
+
+    let (master, replica) = cluster.master_and_replica_of(&format!("lock:{{{key}}}"));
+    cluster.nodes[master].kill();
+    let crashed = tokio::time::Instant::now();
+    let held = loop {
+        match holder
+            .lock(key)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+        {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody else holds {key}"),
+            Err(e) => {
+                assert!(
+                    crashed.elapsed() < Duration::from_secs(20),
+                    "the slot did not move to the replica: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let (now_serving, _) = cluster.shard_of(replica, &format!("lock:{{{key}}}"));
+    assert_eq!(now_serving, replica, "the replica took over the slot");
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = tokio::time::Instant::now();
+    assert!(held.release().await.expect("release"));
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter woke on the release, not after the 30 s ttl")
+        .expect("task")
+        .expect("acquired on the promoted replica");
+    assert!(released.elapsed() < Duration::from_secs(5));
+    got.release().await.expect("release");
+}
