@@ -111,21 +111,10 @@ impl TestStore {
         match self {
             TestStore::Memory(store) | TestStore::Plugged(store) => store.clear(),
             TestStore::RedlockMemory(stores) => stores.iter().for_each(MemoryStore::clear),
-            TestStore::Redis(server) => delete_on(server, key).await,
-            TestStore::Redlock(servers) => {
-                for server in servers {
-                    delete_on(server, key).await;
-                }
-            }
-            TestStore::Sentinel(set) => {
-                let port = set.master_port().expect("the sentinels name a master");
-                let master = set
-                    .servers
-                    .iter()
-                    .find(|s| s.port() == port)
-                    .expect("a server of the set");
-                delete_on(master, key).await;
-            }
+            TestStore::Redis(_)
+            | TestStore::Redlock(_)
+            | TestStore::Sentinel(_)
+            | TestStore::Cluster(_) => self.redis_del(&format!("lock:{{{key}}}")).await,
             TestStore::Postgres(server) => {
                 let client = server.client().await;
                 client
@@ -145,6 +134,29 @@ impl TestStore {
                     .await
                     .expect("delete of a lock key");
             }
+        }
+    }
+
+    /// Deletes the Redis key `redis_key` where the store keeps it: on the server, the master
+    /// the sentinels name, the cluster node of its slot, or every Redlock master.
+    /// Panics on a store that is not Redis.
+    pub async fn redis_del(&self, redis_key: &str) {
+        match self {
+            TestStore::Redis(server) => delete_on(server, redis_key).await,
+            TestStore::Redlock(servers) => {
+                for server in servers {
+                    delete_on(server, redis_key).await;
+                }
+            }
+            TestStore::Sentinel(set) => {
+                let port = set.master_port().expect("the sentinels name a master");
+                let master = set
+                    .servers
+                    .iter()
+                    .find(|s| s.port() == port)
+                    .expect("a server of the set");
+                delete_on(master, redis_key).await;
+            }
             TestStore::Cluster(cluster) => {
                 let mut conn = cluster
                     .client()
@@ -152,11 +164,12 @@ impl TestStore {
                     .await
                     .expect("connecting to the test cluster");
                 let _: () = redis::cmd("DEL")
-                    .arg(format!("lock:{{{key}}}"))
+                    .arg(redis_key)
                     .query_async(&mut conn)
                     .await
-                    .expect("DEL of a lock record");
+                    .expect("DEL of a key");
             }
+            other => panic!("not a Redis store: {other:?}"),
         }
     }
 }
@@ -180,15 +193,15 @@ impl lock_testkit::Harness for TestStore {
     }
 }
 
-async fn delete_on(server: &RedisServer, key: &str) {
+async fn delete_on(server: &RedisServer, redis_key: &str) {
     let mut conn = server
         .client()
         .get_multiplexed_async_connection()
         .await
         .expect("connecting to the test server");
     let _: () = redis::cmd("DEL")
-        .arg(format!("lock:{{{key}}}"))
+        .arg(redis_key)
         .query_async(&mut conn)
         .await
-        .expect("DEL of a lock record");
+        .expect("DEL of a key");
 }

@@ -488,6 +488,109 @@ async fn f14_fence_survives_a_lost_counter_redis() {
     second.release().await.expect("release");
 }
 
+/// The same on the other Redis topologies, each through its own connection handling: the
+/// counter deleted where the store keeps it (the slot's node, the master the sentinels name,
+/// every Redlock master).
+async fn fence_survives_a_lost_counter(store: TestStore) {
+    let runtime = store.runtime().await;
+    let first = runtime
+        .lock("counter-lost")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = first.lease().fence();
+    assert!(first.release().await.expect("release"));
+    store.redis_del("lock:{counter-lost}:fence").await;
+    let second = runtime
+        .lock("counter-lost")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        second.lease().fence() > fence,
+        "fence {} after the counter was lost, {fence} before",
+        second.lease().fence()
+    );
+    assert!(second.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_survives_a_lost_counter_cluster() {
+    fence_survives_a_lost_counter(TestStore::cluster()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_survives_a_lost_counter_sentinel() {
+    fence_survives_a_lost_counter(TestStore::sentinel()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_survives_a_lost_counter_redlock() {
+    fence_survives_a_lost_counter(TestStore::redlock()).await;
+}
+
+/// Redlock: a counter far ahead of the clock on one master (its clock ran fast) is lifted onto
+/// every master with the grant, so when two masters later lose their counters the next quorum
+/// still contains one that remembers, and fences go on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_redlock_fences_go_on_when_a_minority_loses_its_counters() {
+    let store = TestStore::redlock();
+    let TestStore::Redlock(servers) = &store else {
+        unreachable!("made as redlock")
+    };
+    let runtime = store.runtime().await;
+    let ahead: u64 = 3_000_000_000_000_000;
+    let mut conn = servers[0]
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("SET")
+        .arg("lock:{lifted}:fence")
+        .arg(ahead)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let first = runtime
+        .lock("lifted")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = first.lease().fence();
+    assert!(
+        fence > ahead,
+        "fence {fence} below the counter {ahead} of a granting master"
+    );
+    assert!(first.release().await.expect("release"));
+    for server in &servers[..2] {
+        let mut conn = server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let _: () = redis::cmd("DEL")
+            .arg("lock:{lifted}:fence")
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    let second = runtime
+        .lock("lifted")
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        second.lease().fence() > fence,
+        "fence {} after two of five masters lost their counters, {fence} before",
+        second.lease().fence()
+    );
+    assert!(second.release().await.expect("release"));
+}
+
 /// A counter ahead of the server's clock (the clock stepped back, or a master with a faster
 /// clock wrote it before a failover): fences go on from the counter, one more each time, and
 /// the counter keeps its expiry.
