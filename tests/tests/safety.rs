@@ -1070,6 +1070,52 @@ async fn f10_waiters_wake_after_the_subscriber_resubscribes() {
     taken.release().await.expect("release");
 }
 
+/// The same after a long outage: the waiter's runtime cannot reach Redis for 10 s (every
+/// connection refused and dropped) while the lock stays held; a release made after Redis is
+/// reachable again wakes the waiter within seconds, not at the holder's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f10_waiters_wake_after_a_long_outage() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let waiting = runtime_via(proxy.url(), Duration::from_millis(500)).await;
+    let holder = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let guard = holder
+        .lock("long-outage")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            waiting
+                .lock("long-outage")
+                .acquire_timeout(Duration::from_secs(28))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.refuse(true);
+    proxy.drop_connections();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    proxy.refuse(false);
+    // Time for the waiter's runtime to find Redis again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released_at = Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let taken = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got the lock before its deadline");
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "woken {took:?} after the release (the holder's ttl had about 17 s left)"
+    );
+    taken.release().await.expect("release");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Finding 8: on a Cluster, renewals answer per slot: a shard that stops answering costs only
 // the leases in its own slots. Before: one failing shard failed the renewal of every lease in

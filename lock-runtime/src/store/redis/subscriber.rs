@@ -52,10 +52,11 @@ impl RedisBackend {
         let follow = self
             .sentinel
             .clone()
-            .map(|sentinel| (sentinel, self.options.clone(), push));
+            .map(|sentinel| (sentinel, self.options.clone()));
         let conn = RedisPubSub {
             conn,
             follow,
+            push,
             retry_in: FIRST_RETRY,
             command_timeout: self.options.command_timeout,
             secrets: self.secrets.clone(),
@@ -85,7 +86,7 @@ impl redis::aio::AsyncPushSender for PushEvents {
     }
 }
 
-/// With Sentinel, how soon a subscriber that could not move to a master tries again, at
+/// How soon a subscriber connection that is not back after a drop is looked at again, at
 /// first and at most (doubling in between).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const LAST_RETRY: Duration = Duration::from_secs(2);
@@ -93,8 +94,11 @@ const LAST_RETRY: Duration = Duration::from_secs(2);
 /// The Redis subscription connection as the [`Subscriber`] task drives it.
 struct RedisPubSub {
     conn: SubConn,
-    follow: Option<(Arc<SentinelConn>, RedisOptions, PushEvents)>,
-    /// With Sentinel: the pause before the next try to move, after a failed one.
+    follow: Option<(Arc<SentinelConn>, RedisOptions)>,
+    /// Where the connection's pushes go; a look at a connection not back yet is scheduled
+    /// there too, as another [`PubSubEvent::Disconnected`].
+    push: PushEvents,
+    /// The pause before the next look at a connection that is not back.
     retry_in: Duration,
     /// The bound on each (un)subscribe: the subscriber task does one thing at a time, and a
     /// call to a server that died must not hold it up (nor the reports behind it).
@@ -124,27 +128,33 @@ impl PubSubConnection for RedisPubSub {
         result.map_err(|e| self.error(&format!("unsubscribing `{channel}` failed"), e))
     }
 
-    /// With Sentinel: moves to the master the sentinels name now and subscribes there. When
-    /// that fails and this connection is not back either, tries again a little later, until
-    /// one of the two works: right after a master crashes the sentinels still name it (they
-    /// call it down only after their down-after time, then elect), and a connection to a dead
-    /// server reports nothing more, so without a retry the waiters would hear no release
-    /// until their holder's ttl.
+    /// With Sentinel, first moves to the master the sentinels name now and subscribes there.
+    /// Otherwise (or when that fails) the connection must come back by itself: looked at with
+    /// a PING, which also makes a client that gave up reconnecting (redis-rs stops after a
+    /// few tries, some 6 s) try again, and looked at again a little later until it answers.
+    /// A connection that cannot reconnect reports nothing more, so without this the waiters
+    /// would hear no release until their holder's ttl after an outage of more than a few
+    /// seconds, or after a Sentinel master crashed (the sentinels still name it at first:
+    /// they call it down only after their down-after time, then elect).
     async fn disconnected(&mut self, watched: &[String]) -> bool {
-        let Some((sentinel, options, push)) = &self.follow else {
-            return false;
-        };
-        if let Some(moved) = resubscribe_at_master(sentinel, options, push, watched).await {
+        if let Some((sentinel, options)) = &self.follow
+            && let Some(moved) = resubscribe_at_master(sentinel, options, &self.push, watched).await
+        {
             self.conn = moved;
             self.retry_in = FIRST_RETRY;
             return true;
         }
-        if self.conn.ping(options.command_timeout).await {
-            // Back by itself (the same server): it renews its subscriptions and reports each.
+        if matches!(self.conn, SubConn::Cluster { .. }) {
+            // The cluster client reconnects each node and moves subscriptions with their slots
+            // by itself (tested through a crash failover of a slot's master).
+            return false;
+        }
+        if self.conn.ping(self.command_timeout).await {
+            // Back: it renews its subscriptions and reports each.
             self.retry_in = FIRST_RETRY;
             return false;
         }
-        let (push, pause) = (push.clone(), self.retry_in);
+        let (push, pause) = (self.push.clone(), self.retry_in);
         self.retry_in = (self.retry_in * 2).min(LAST_RETRY);
         tokio::spawn(async move {
             tokio::time::sleep(pause).await;
