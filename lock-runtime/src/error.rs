@@ -111,7 +111,9 @@ impl BackendError {
     }
 
     /// True when the failure was about reaching the store (timeout, refused or broken
-    /// connection), not about what was asked: retrying later may succeed.
+    /// connection) or a state the store passes through (Redis loading its data, a cluster
+    /// slot moving or without a master, a script running long), not about what was asked:
+    /// retrying later may succeed.
     pub fn is_transient(&self) -> bool {
         self.transient
     }
@@ -122,10 +124,18 @@ impl BackendError {
         let raw = err.to_string();
         let text = scrub(&raw, secrets);
         let leaks = text != raw;
+        // A server that answers READONLY stays out: after a Sentinel failover the runtime asks
+        // the sentinels again by itself, and otherwise it is a replica named by mistake,
+        // which waiting would not cure.
+        let passing_state = matches!(
+            err.code(),
+            Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+        );
         let transient = err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
-            || err.is_timeout();
+            || err.is_timeout()
+            || passing_state;
         BackendError {
             message: format!("{context}: {text}"),
             source: if leaks { None } else { Some(Box::new(err)) },
@@ -167,5 +177,38 @@ impl std::error::Error for BackendError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BackendError;
+
+    /// The error redis-rs makes of one error reply, as the server sent it.
+    fn reply(raw: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(raw.as_bytes()).expect("a RESP error reply");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    #[test]
+    fn passing_server_states_are_transient_and_mistakes_are_not() {
+        for passing in [
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+            "-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+            "-CLUSTERDOWN The cluster is down\r\n",
+            "-BUSY Redis is busy running a script.\r\n",
+        ] {
+            let e = BackendError::redis("release", reply(passing), &[]);
+            assert!(e.is_transient(), "{passing}");
+        }
+        for mistake in [
+            "-READONLY You can't write against a read only replica.\r\n",
+            "-NOPERM this user has no permissions to run the 'evalsha' command\r\n",
+            "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+        ] {
+            let e = BackendError::redis("release", reply(mistake), &[]);
+            assert!(!e.is_transient(), "{mistake}");
+        }
     }
 }

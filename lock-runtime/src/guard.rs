@@ -144,8 +144,13 @@ impl LockGuard {
         state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
         // If this future is dropped mid-way, the pending release below still runs.
-        let pending =
-            PendingRelease::new(&self.runtime, &state.names, &state.token, done_retention);
+        let pending = PendingRelease::new(
+            &self.runtime,
+            &state.names,
+            &state.token,
+            done_retention,
+            state.ttl,
+        );
         let outcome = self
             .runtime
             .backend
@@ -180,6 +185,11 @@ impl Drop for LockGuard {
             token: state.token.clone(),
             done_retention: None,
             lease_id: Some(state.id),
+            // Until the lease would have expired anyway: its validity (an `extend` may have
+            // taken it past a ttl from now), or a ttl from now, whichever is later.
+            retry_until: Instant::now()
+                .checked_add(state.ttl)
+                .map(|t| t.max(state.valid_until())),
         });
         // A lease lost to the end of a shutdown grace period was released by the runtime.
         if !sent && !state.is_lost() {
@@ -196,6 +206,8 @@ pub(crate) struct PendingRelease<'a> {
     names: &'a KeyNames,
     token: &'a str,
     done_retention: Option<Duration>,
+    /// How long the store may keep what is given back: the ttl.
+    ttl: Duration,
     armed: bool,
 }
 
@@ -205,12 +217,14 @@ impl<'a> PendingRelease<'a> {
         names: &'a KeyNames,
         token: &'a str,
         done_retention: Option<Duration>,
+        ttl: Duration,
     ) -> Self {
         PendingRelease {
             runtime,
             names,
             token,
             done_retention,
+            ttl,
             armed: true,
         }
     }
@@ -229,6 +243,7 @@ impl Drop for PendingRelease<'_> {
                 token: self.token.to_owned(),
                 done_retention: self.done_retention,
                 lease_id: None,
+                retry_until: Instant::now().checked_add(self.ttl),
             });
         }
     }

@@ -201,7 +201,7 @@ impl LockRequest {
         // attempt (the future dropped while the script is in flight, a call that fails after
         // the store may have granted it, a grant the caller will not get) releases the token in
         // the background. The release is token-checked, so it never touches anyone's lock.
-        let pending = PendingRelease::new(inner, names, &token, None);
+        let pending = PendingRelease::new(inner, names, &token, None, ttl);
         let label = inner.metric_label(&names.key);
         crate::metrics::attempt(&label);
         let sent = Instant::now();

@@ -8,6 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -30,6 +31,9 @@ pub(crate) struct ReleaseJob {
     pub(crate) done_retention: Option<Duration>,
     /// The lease being released, when there is one (None: an acquire whose caller went away).
     pub(crate) lease_id: Option<u64>,
+    /// Until when a try that fails for a passing reason is made again: the instant the lease
+    /// (or the grant nobody got) expires anyway. None: one try.
+    pub(crate) retry_until: Option<Instant>,
 }
 
 pub(crate) enum Command {
@@ -51,6 +55,9 @@ pub(crate) struct WatchdogHandle {
     tx: mpsc::UnboundedSender<Command>,
     /// For releases after the driver has stopped.
     fallback: (SharedBackend, Duration),
+    /// True from the start of a shutdown: failed releases are no longer tried again, so the
+    /// shutdown ends.
+    stopping: Arc<AtomicBool>,
     /// Releases the driver does not track: those a holder awaits itself, and those started
     /// after the driver stopped. A shutdown waits for them too.
     in_flight: Arc<InFlight>,
@@ -102,9 +109,11 @@ impl WatchdogHandle {
         let fallback = (backend.clone(), command_timeout);
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         let (results_tx, results_rx) = mpsc::unbounded_channel();
+        let stopping = Arc::new(AtomicBool::new(false));
         let driver = Driver {
             backend,
             command_timeout,
+            stopping: stopping.clone(),
             entries: HashMap::new(),
             heap: BinaryHeap::new(),
             results_tx,
@@ -116,6 +125,7 @@ impl WatchdogHandle {
         WatchdogHandle {
             tx,
             fallback,
+            stopping,
             in_flight: Arc::new(InFlight::default()),
             stopped,
         }
@@ -135,9 +145,10 @@ impl WatchdogHandle {
             return false;
         };
         let (backend, timeout) = self.fallback.clone();
+        let stopping = self.stopping.clone();
         let counted = self.in_flight.start();
         handle.spawn(async move {
-            run_release(backend, timeout, job).await;
+            run_release(backend, timeout, job, stopping).await;
             drop(counted);
         });
         true
@@ -188,6 +199,8 @@ struct RenewReport {
 struct Driver {
     backend: SharedBackend,
     command_timeout: Duration,
+    /// Set when a shutdown begins (see [`WatchdogHandle`]).
+    stopping: Arc<AtomicBool>,
     entries: HashMap<u64, Entry>,
     heap: BinaryHeap<Reverse<(Instant, u64, u64)>>,
     results_tx: mpsc::UnboundedSender<RenewReport>,
@@ -266,11 +279,13 @@ impl Driver {
         for entry in entries {
             let lease = entry.lease;
             lose(&lease, "the runtime shut down and its grace period ended");
+            // One try: the shutdown must end.
             self.spawn_release(ReleaseJob {
                 names: lease.names.clone(),
                 token: lease.token.clone(),
                 done_retention: None,
                 lease_id: None,
+                retry_until: None,
             });
         }
     }
@@ -279,6 +294,8 @@ impl Driver {
     /// moment is lost and released, never left unrenewed), finishes every release, then
     /// answers the shutdown callers.
     async fn stop(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        // The runtime is gone or shut down: no release is tried again from here, so this ends.
+        self.stopping.store(true, Ordering::Release);
         commands.close();
         while let Ok(command) = commands.try_recv() {
             self.handle(command);
@@ -335,6 +352,7 @@ impl Driver {
                 self.spawn_release(job);
             }
             Command::Shutdown { grace, done } => {
+                self.stopping.store(true, Ordering::Release);
                 let now = Instant::now();
                 let grace_end = now
                     .checked_add(grace)
@@ -348,8 +366,12 @@ impl Driver {
     }
 
     fn spawn_release(&mut self, job: ReleaseJob) {
-        self.releases
-            .spawn(run_release(self.backend.clone(), self.command_timeout, job));
+        self.releases.spawn(run_release(
+            self.backend.clone(),
+            self.command_timeout,
+            job,
+            self.stopping.clone(),
+        ));
     }
 
     /// Puts the entry's next event (renewal or end of validity) on the heap.
@@ -490,26 +512,47 @@ impl Driver {
     }
 }
 
-/// One background release, bounded by the command timeout.
-async fn run_release(backend: SharedBackend, timeout: Duration, job: ReleaseJob) {
-    match tokio::time::timeout(
-        timeout,
-        backend.release(&job.names, &job.token, job.done_retention),
-    )
-    .await
-    {
-        Ok(Ok(ReleaseOutcome::NotOwner)) => {
-            tracing::debug!(key = %job.names.key, "lock was no longer ours at release");
+/// One background release, each try bounded by the command timeout. A try that fails for a
+/// passing reason (a transient error, no answer) is made again, 100 ms doubling to 2 s, until
+/// the job's `retry_until` or the start of a shutdown: a grant whose answer was lost, or a
+/// release sent into a failover, would otherwise leave the lock to nobody for the rest of its
+/// ttl. The release is token-checked, so a late try never touches another holder's lock.
+async fn run_release(
+    backend: SharedBackend,
+    timeout: Duration,
+    job: ReleaseJob,
+    stopping: Arc<AtomicBool>,
+) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let released = backend.release(&job.names, &job.token, job.done_retention);
+        let failure = match tokio::time::timeout(timeout, released).await {
+            Ok(Ok(ReleaseOutcome::NotOwner)) => {
+                tracing::debug!(key = %job.names.key, "lock was no longer ours at release");
+                return;
+            }
+            Ok(Ok(outcome)) => {
+                tracing::debug!(key = %job.names.key, ?outcome, "lock released in the background");
+                return;
+            }
+            Ok(Err(e)) if !e.is_transient() => {
+                tracing::warn!(key = %job.names.key, error = %e, "release failed; the lease will expire by its ttl");
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within the command timeout".to_owned(),
+        };
+        let again = job
+            .retry_until
+            .is_some_and(|until| Instant::now() + pause < until)
+            && !stopping.load(Ordering::Acquire);
+        if !again {
+            tracing::warn!(key = %job.names.key, error = %failure, "release failed; the lease will expire by its ttl");
+            return;
         }
-        Ok(Ok(outcome)) => {
-            tracing::debug!(key = %job.names.key, ?outcome, "lock released in the background");
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(key = %job.names.key, error = %e, "release failed; the lease will expire by its ttl");
-        }
-        Err(_) => {
-            tracing::warn!(key = %job.names.key, "release timed out; the lease will expire by its ttl");
-        }
+        tracing::debug!(key = %job.names.key, error = %failure, "release failed; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -132,6 +132,41 @@ async fn f06_acquire_error_after_grant_releases_in_the_background() {
     .await;
 }
 
+/// The same when the give-back itself cannot get through at first: the connection drops right
+/// after the acquire failed (the give-back, still on its way, is lost with it) and Redis is
+/// unreachable for 2 s. The give-back is tried again until it lands. Before: it was tried
+/// once, and the grant stayed for its 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f06_a_give_back_that_fails_is_tried_again() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = runtime_via(proxy.url(), Duration::from_millis(300)).await;
+    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    // The acquire reaches Redis after 400 ms, past the 300 ms timeout; its retry and the
+    // give-back would arrive at about 700 and 1000 ms.
+    proxy.set_latency(Duration::from_millis(400));
+    let failed = late
+        .lock("give-back-lost")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    proxy.refuse(true);
+    proxy.drop_connections();
+    assert!(
+        failed.is_err(),
+        "the reply came after the command timeout: {failed:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::ZERO);
+    proxy.refuse(false);
+    free_within_5s(
+        &other,
+        "give-back-lost",
+        "the grant was given back once Redis was reachable, not left for its 30 s ttl",
+    )
+    .await;
+}
+
 /// The same inside the wait loop, whose transient errors are retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f06_wait_loop_leaves_no_orphan() {

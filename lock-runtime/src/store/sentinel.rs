@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    Value,
+};
 
 use super::conn::open_client;
 
@@ -161,7 +164,10 @@ impl SentinelConn {
         let manager = tokio::time::timeout(
             self.spec.connect_timeout,
             ConnectionManager::new_with_config(
-                open_client(url.as_str(), self.spec.tls_root_cert.as_deref())?,
+                open_client(
+                    dropped_silently_after(url.as_str(), self.spec.command_timeout)?,
+                    self.spec.tls_root_cert.as_deref(),
+                )?,
                 config,
             ),
         )
@@ -227,6 +233,28 @@ impl SentinelConn {
         }
         result
     }
+}
+
+/// The connection info of `url`, with the connection closed when data it sent stays
+/// unacknowledged by the peer's TCP stack for `limit` (at least 2 s; Linux's
+/// `TCP_USER_TIMEOUT`). A master named again keeps its connection, and redis-rs does not
+/// reconnect after a command times out: without this, a connection a network dropped
+/// silently would be kept as long as the sentinels name its server. A server that is alive
+/// but slow (even stopped) still acknowledges, so its connection, and the order of what was
+/// sent on it, stays.
+fn dropped_silently_after(url: &str, limit: Duration) -> Result<ConnectionInfo, RedisError> {
+    let info = url.into_connection_info()?;
+    #[cfg(target_os = "linux")]
+    let info = {
+        let tcp = info
+            .tcp_settings()
+            .clone()
+            .set_user_timeout(limit.max(Duration::from_secs(2)));
+        info.set_tcp_settings(tcp)
+    };
+    #[cfg(not(target_os = "linux"))]
+    let _ = limit;
+    Ok(info)
 }
 
 /// A cloneable handle implementing redis-rs' connection trait.

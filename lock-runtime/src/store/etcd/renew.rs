@@ -89,44 +89,62 @@ async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Renewal {
             Err(e) => return Renewal::Unknown(conn.error("lease renewal failed", e).to_string()),
         }
     }
-    Renewal::NotOurs
+    // Still ours, but moved on every look: say nothing rather than "lost".
+    Renewal::Unknown("the key kept moving to other leases".to_owned())
 }
 
-/// Keep-alive of `kv`'s lease (or, for another ttl than it was granted, a move onto a new
-/// lease), then the confirming read; true when the key carries the token on that lease.
+/// Makes `kv`'s lease last at least the asked ttl from now, never shortening it (as on every
+/// store), then the confirming read; true when the key carries the token on that lease.
+/// A keep-alive renews a lease to the ttl it was granted, which may be longer than asked (a
+/// longer `extend` before, while the watchdog's last renewal asks only for what is left of
+/// max_hold): so the lease's time to live is read first, and
+/// - a lease with more than the asked time left is left alone;
+/// - one granted the asked ttl is kept alive;
+/// - otherwise the key moves onto a new lease of the asked ttl, which lasts longer than
+///   what is left of the old one.
 async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool, LockError> {
     let context = "lease renewal failed";
     let mut lease = kv.lease();
-    let (mut keeper, mut answers) = conn
-        .send(|mut c| async move { c.lease_keep_alive(lease).await })
+    let asked = conn.lease_secs_for(item.ttl);
+    let now = conn
+        .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
         .await
         .map_err(|e| conn.error(context, e))?;
-    keeper
-        .keep_alive()
-        .await
-        .map_err(|e| conn.error(context, e))?;
-    let granted = match answers
-        .message()
-        .await
-        .map_err(|e| conn.error(context, e))?
-    {
-        Some(answer) => answer.ttl(),
-        None => return Err(BackendError::transient(format!("{context}: no answer")).into()),
-    };
-    if granted <= 0 {
-        return Ok(false); // the lease, and so the key, is gone
+    // -1: the lease, and so the key, is gone. (0 is less than a second left: the time to live
+    // is rounded down.)
+    if now.ttl() < 0 {
+        return Ok(false);
     }
     let record = item.record.as_str();
     let held = [
         Compare::value(record, CompareOp::Equal, kv.value()),
         Compare::lease(record, CompareOp::Equal, lease),
     ];
-    if granted != conn.lease_secs_for(item.ttl) {
-        // The lease was granted for another ttl than this renewal asks, and a keep-alive
-        // renews a lease to what it was granted: a longer one (an `extend` asking for more
-        // than the ttl) would outlive the next renewal's shorter ask, and with it max_hold's
-        // cap on the last renewal; a shorter one would end before what was asked. Move the key
-        // onto a new lease of the asked ttl, and give the old one back.
+    if now.ttl() > asked {
+        // Long enough already. (Strictly more: the time to live comes in whole seconds, and
+        // only more than asked proves at least the asked time is left.)
+    } else if now.granted_ttl() == asked {
+        let (mut keeper, mut answers) = conn
+            .send(|mut c| async move { c.lease_keep_alive(lease).await })
+            .await
+            .map_err(|e| conn.error(context, e))?;
+        keeper
+            .keep_alive()
+            .await
+            .map_err(|e| conn.error(context, e))?;
+        let renewed = match answers
+            .message()
+            .await
+            .map_err(|e| conn.error(context, e))?
+        {
+            Some(answer) => answer.ttl(),
+            None => return Err(BackendError::transient(format!("{context}: no answer")).into()),
+        };
+        if renewed <= 0 {
+            return Ok(false);
+        }
+    } else {
+        // Move the key onto a new lease of the asked ttl, and give the old one back.
         let moved_to = conn.grant(item.ttl, context).await?;
         let moved = conn
             .txn(
