@@ -26,7 +26,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That generates a module `memory_store` with one `#[test]` per case (33); each builds its
+//! That generates a module `memory_store` with one `#[test]` per case (34); each builds its
 //! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
 //! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
 //! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
@@ -38,7 +38,8 @@
 //! `min_hold`, release on drop, panic and cancellation, event-driven waiting and timeouts,
 //! expiry of a crashed holder, `inspect`, `extend`, graceful shutdown (waiters end, running
 //! jobs keep their lease through the grace period, holders are told before the release), a
-//! lost lease that stays lost, `max_hold` as a hard cap; and for the attribute every
+//! lost lease that stays lost, `max_hold` as a hard cap, renewals that never shorten an
+//! extended lease; and for the attribute every
 //! contention policy, `on_lost`, re-entrancy, per-argument keys and `once` (whose marker a
 //! success leaves even when its lease was lost, and from a nested call). Most leases in the
 //! cases last a few hundred milliseconds and two cases check an expiry to within
@@ -135,6 +136,7 @@ macro_rules! behaviour_suite {
             shutdown_lets_running_jobs_finish,
             lost_stays_lost,
             max_hold_is_a_hard_cap,
+            renewals_never_shorten_an_extended_lease,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

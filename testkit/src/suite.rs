@@ -14,8 +14,8 @@ mod operator;
 mod safety;
 pub use operator::list_and_force_release;
 pub use safety::{
-    lost_stays_lost, max_hold_is_a_hard_cap, shutdown_ends_waiters,
-    shutdown_lets_running_jobs_finish, shutdown_releases_everything,
+    lost_stays_lost, max_hold_is_a_hard_cap, renewals_never_shorten_an_extended_lease,
+    shutdown_ends_waiters, shutdown_lets_running_jobs_finish, shutdown_releases_everything,
 };
 
 /// 3 runtimes x 4 tasks x 100 iterations on 2 keys, each doing an unsynchronised

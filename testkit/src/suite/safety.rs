@@ -256,3 +256,32 @@ pub async fn max_hold_is_a_hard_cap<H: Harness>(store: &H) {
     assert!(taken.release().await.expect("release"));
     drop(guard);
 }
+
+/// A renewal never shortens a lease: after an `extend` past the ttl, the watchdog's renewals
+/// (each asking for the ttl) leave the longer expiry in place. A store that shortened it would
+/// end the record while its holder still believes the lease valid for the extension.
+pub async fn renewals_never_shorten_an_extended_lease<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let guard = a
+        .lock("never-shorter")
+        .ttl(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(guard.extend(Duration::from_secs(30)).await.expect("extend"));
+    // Renewals every third of the ttl, each asking for 1 s.
+    tokio::time::sleep(Duration::from_millis(1500) + store.clock_granularity()).await;
+    assert!(guard.lease().is_held());
+    let info = a
+        .inspect("never-shorter")
+        .await
+        .expect("inspect")
+        .expect("still held");
+    let left = info.remaining.expect("an expiry");
+    assert!(
+        left >= Duration::from_secs(20),
+        "{left:?} left after an extend to 30 s and a few renewals asking for 1 s"
+    );
+    assert!(guard.release().await.expect("release"));
+}
