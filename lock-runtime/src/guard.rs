@@ -143,13 +143,20 @@ impl LockGuard {
         self.runtime.guard_closed(&state);
         state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
-        // If this future is dropped mid-way, the pending release below still runs.
+        // If this future is dropped mid-way, the pending release below still runs, tried
+        // again until the lease would have expired anyway (its validity may be past a ttl
+        // from now after an `extend`).
+        let retry_for = state.ttl.max(
+            state
+                .valid_until()
+                .saturating_duration_since(Instant::now()),
+        );
         let pending = PendingRelease::new(
             &self.runtime,
             &state.names,
             &state.token,
             done_retention,
-            state.ttl,
+            retry_for,
         );
         let outcome = self
             .runtime
@@ -206,8 +213,9 @@ pub(crate) struct PendingRelease<'a> {
     names: &'a KeyNames,
     token: &'a str,
     done_retention: Option<Duration>,
-    /// How long the store may keep what is given back: the ttl.
-    ttl: Duration,
+    /// How long a failed release is tried again: until what it gives back would have
+    /// expired anyway (the ttl, or a longer validity).
+    retry_for: Duration,
     armed: bool,
 }
 
@@ -217,14 +225,14 @@ impl<'a> PendingRelease<'a> {
         names: &'a KeyNames,
         token: &'a str,
         done_retention: Option<Duration>,
-        ttl: Duration,
+        retry_for: Duration,
     ) -> Self {
         PendingRelease {
             runtime,
             names,
             token,
             done_retention,
-            ttl,
+            retry_for,
             armed: true,
         }
     }
@@ -243,7 +251,7 @@ impl Drop for PendingRelease<'_> {
                 token: self.token.to_owned(),
                 done_retention: self.done_retention,
                 lease_id: None,
-                retry_until: Instant::now().checked_add(self.ttl),
+                retry_until: Instant::now().checked_add(self.retry_for),
             });
         }
     }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::drift;
+use crate::config::{drift, jitter};
 use crate::lease::LeaseState;
 use crate::store::{ExtendItem, KeyNames, ReleaseOutcome, Renewal, SharedBackend};
 
@@ -144,6 +144,11 @@ impl WatchdogHandle {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return false;
         };
+        // After the driver stopped: one try, as at the end of a shutdown.
+        let job = ReleaseJob {
+            retry_until: None,
+            ..job
+        };
         let (backend, timeout) = self.fallback.clone();
         let stopping = self.stopping.clone();
         let counted = self.in_flight.start();
@@ -208,6 +213,14 @@ struct Driver {
     /// Set by a shutdown: when the grace period ends, and who waits for the end.
     draining: Option<(Instant, Vec<oneshot::Sender<()>>)>,
     stopped: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for Driver {
+    /// However the driver ends (stopped, or its task cancelled with its tokio runtime), the
+    /// releases it started stop trying again.
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+    }
 }
 
 impl Driver {
@@ -551,7 +564,8 @@ async fn run_release(
             return;
         }
         tracing::debug!(key = %job.names.key, error = %failure, "release failed; trying again");
-        tokio::time::sleep(pause).await;
+        // Jittered: the releases that failed together (an outage) do not all come back at once.
+        tokio::time::sleep(pause / 2 + jitter(pause / 2)).await;
         pause = (pause * 2).min(Duration::from_secs(2));
     }
 }

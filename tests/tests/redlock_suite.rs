@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
-use lock_tests::{RedisServer, TestStore};
+use lock_tests::{FaultProxy, RedisServer, TestStore};
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::redlock());
 lock_testkit::attribute_suite!(lock_tests::TestStore::redlock());
@@ -232,4 +232,67 @@ async fn no_master_keeps_a_subscription_once_nobody_waits() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Finding 10 on Redlock: a waiter whose runtime was cut off from every master for 10 s (its
+/// connections refused and dropped, longer than the Redis client's own reconnect tries) wakes
+/// on a release made once the masters are reachable again, not at the holder's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_wakes_after_a_long_outage() {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<FaultProxy> = servers
+        .iter()
+        .map(|s| FaultProxy::start(s.port()))
+        .collect();
+    let waiting = LockRuntime::builder()
+        .redlock(proxies.iter().map(FaultProxy::url))
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("build");
+    let holder = LockRuntime::builder()
+        .redlock(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .expect("build");
+    let guard = holder
+        .lock("long-outage")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            waiting
+                .lock("long-outage")
+                .acquire_timeout(Duration::from_secs(28))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for proxy in &proxies {
+        proxy.refuse(true);
+        proxy.drop_connections();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for proxy in &proxies {
+        proxy.refuse(false);
+    }
+    // Time for the waiter's runtime to find the masters again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released_at = tokio::time::Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let taken = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got the lock before its deadline");
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "woken {took:?} after the release (the holder's ttl had about 17 s left)"
+    );
+    assert!(taken.release().await.expect("release"));
 }

@@ -35,7 +35,7 @@ mod conn;
 mod renew;
 mod watch;
 
-use self::conn::Conn;
+use self::conn::{Conn, RENEWAL_STRIPES};
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
@@ -234,6 +234,9 @@ impl EtcdStore {
                 shown,
                 secrets,
                 min_lease_secs: AtomicI64::new(0),
+                renewing: (0..RENEWAL_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
             }),
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),
@@ -330,8 +333,8 @@ impl LockStore for EtcdStore {
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let outcome = self.release_record(names, token, done_retention).await;
-        // Also after an error: the runtime does not ask again, and the read-first path is
-        // right without the entry.
+        // Also after an error: a release the runtime tries again takes the read-first path,
+        // which is right without the entry.
         self.written_of().remove(token);
         outcome
     }

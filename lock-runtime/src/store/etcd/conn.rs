@@ -28,7 +28,16 @@ pub(super) struct Conn {
     /// until then. A renewal uses it to tell a lease that cannot be shorter from one that
     /// outlives what the renewal asks.
     pub(super) min_lease_secs: AtomicI64,
+    /// Renewals of one key run one at a time (keys share these by hash): a renewal decides
+    /// between leaving a lease, keeping it alive and moving the key on what it read, and a
+    /// concurrent one (the watchdog's and an `extend`) could act on a read the other made
+    /// stale, moving the key onto a shorter lease after the other kept the old one alive
+    /// and answered for it.
+    pub(super) renewing: Vec<tokio::sync::Mutex<()>>,
 }
+
+/// How many locks the renewals of all keys share.
+pub(super) const RENEWAL_STRIPES: usize = 64;
 
 impl Conn {
     pub(super) fn error(&self, context: &str, e: etcd_client::Error) -> LockError {
@@ -68,6 +77,16 @@ impl Conn {
                 .fetch_max(granted.ttl(), Ordering::Relaxed);
         }
         Ok(granted.id())
+    }
+
+    /// The lock the renewals of `record` take.
+    pub(super) fn renewal_lock(&self, record: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        record.hash(&mut hasher);
+        let stripes = self.renewing.len().max(1);
+        let i = usize::try_from(hasher.finish() % stripes as u64).unwrap_or(0);
+        &self.renewing[i]
     }
 
     /// The whole seconds a lease for `ttl` lasts once granted: `ttl` rounded up, at least

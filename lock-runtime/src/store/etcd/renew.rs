@@ -69,6 +69,7 @@ fn ours(kv: &KeyValue, token: &str) -> bool {
 /// that still carries the token (a concurrent `extend` with a longer ttl moved it), that
 /// lease is renewed instead: the lock is still ours.
 async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Renewal {
+    let _one_at_a_time = conn.renewal_lock(&item.record).lock().await;
     for _ in 0..3 {
         match renew_on(conn, item, &kv).await {
             Ok(true) => return Renewal::Renewed,
@@ -120,9 +121,11 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
         Compare::value(record, CompareOp::Equal, kv.value()),
         Compare::lease(record, CompareOp::Equal, lease),
     ];
-    if now.ttl() > asked {
+    if now.ttl() > asked && now.granted_ttl() >= asked {
         // Long enough already. (Strictly more: the time to live comes in whole seconds, and
-        // only more than asked proves at least the asked time is left.)
+        // only more than asked proves at least the asked time is left. And granted at least
+        // the ask: a leader not yet settled after an election answers "forever" for every
+        // lease, then gives each its granted ttl again.)
     } else if now.granted_ttl() == asked {
         let (mut keeper, mut answers) = conn
             .send(|mut c| async move { c.lease_keep_alive(lease).await })
