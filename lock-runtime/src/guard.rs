@@ -144,19 +144,13 @@ impl LockGuard {
         state.count_release();
         self.runtime.watchdog.send(Command::Forget(state.id));
         // If this future is dropped mid-way, the pending release below still runs, tried
-        // again until the lease would have expired anyway (its validity may be past a ttl
-        // from now after an `extend`).
-        let retry_for = state.ttl.max(
-            state
-                .valid_until()
-                .saturating_duration_since(Instant::now()),
-        );
+        // again until the lease would have expired anyway.
         let pending = PendingRelease::new(
             &self.runtime,
             &state.names,
             &state.token,
             done_retention,
-            retry_for,
+            state.release_window(),
         );
         let outcome = self
             .runtime
@@ -192,11 +186,7 @@ impl Drop for LockGuard {
             token: state.token.clone(),
             done_retention: None,
             lease_id: Some(state.id),
-            // Until the lease would have expired anyway: its validity (an `extend` may have
-            // taken it past a ttl from now), or a ttl from now, whichever is later.
-            retry_until: Instant::now()
-                .checked_add(state.ttl)
-                .map(|t| t.max(state.valid_until())),
+            retry_until: Instant::now().checked_add(state.release_window()),
         });
         // A lease lost to the end of a shutdown grace period was released by the runtime.
         if !sent && !state.is_lost() {

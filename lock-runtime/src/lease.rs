@@ -104,6 +104,14 @@ impl LeaseState {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long from now a release of this lease that fails is worth trying again: until the
+    /// store would have dropped it anyway, a ttl from now or the end of a validity an `extend`
+    /// took further, whichever is later.
+    pub(crate) fn release_window(&self) -> Duration {
+        self.ttl
+            .max(self.valid_until().saturating_duration_since(Instant::now()))
+    }
+
     /// Moves the end of validity forward (never back), unless the lease is lost already: a
     /// renewal answered after the validity ended does not revive it (the lease may have been
     /// taken over in between, as far as the holder can tell). False when the lease is lost.

@@ -125,20 +125,6 @@ impl SubConn {
         }
     }
 
-    /// True when the connection answers a PING within `limit`.
-    pub(crate) async fn ping(&mut self, limit: std::time::Duration) -> bool {
-        let ping = redis::cmd("PING");
-        let answer = match self {
-            SubConn::Single(c) => {
-                tokio::time::timeout(limit, ping.query_async::<redis::Value>(c)).await
-            }
-            SubConn::Cluster { conn, .. } => {
-                tokio::time::timeout(limit, ping.query_async::<redis::Value>(conn)).await
-            }
-        };
-        matches!(answer, Ok(Ok(_)))
-    }
-
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             SubConn::Single(c) => c.unsubscribe(channel).await,

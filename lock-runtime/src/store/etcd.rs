@@ -35,7 +35,7 @@ mod conn;
 mod renew;
 mod watch;
 
-use self::conn::{Conn, RENEWAL_STRIPES};
+use self::conn::Conn;
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
@@ -234,9 +234,7 @@ impl EtcdStore {
                 shown,
                 secrets,
                 min_lease_secs: AtomicI64::new(0),
-                renewing: (0..RENEWAL_STRIPES)
-                    .map(|_| tokio::sync::Mutex::new(()))
-                    .collect(),
+                renewing: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
             }),
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),

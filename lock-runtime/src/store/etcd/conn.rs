@@ -33,11 +33,11 @@ pub(super) struct Conn {
     /// concurrent one (the watchdog's and an `extend`) could act on a read the other made
     /// stale, moving the key onto a shorter lease after the other kept the old one alive
     /// and answered for it.
-    pub(super) renewing: Vec<tokio::sync::Mutex<()>>,
+    pub(super) renewing: [tokio::sync::Mutex<()>; RENEWAL_STRIPES],
 }
 
 /// How many locks the renewals of all keys share.
-pub(super) const RENEWAL_STRIPES: usize = 64;
+const RENEWAL_STRIPES: usize = 64;
 
 impl Conn {
     pub(super) fn error(&self, context: &str, e: etcd_client::Error) -> LockError {
@@ -84,8 +84,7 @@ impl Conn {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         record.hash(&mut hasher);
-        let stripes = self.renewing.len().max(1);
-        let i = usize::try_from(hasher.finish() % stripes as u64).unwrap_or(0);
+        let i = usize::try_from(hasher.finish() % RENEWAL_STRIPES as u64).unwrap_or(0);
         &self.renewing[i]
     }
 

@@ -117,10 +117,6 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
         return Ok(false);
     }
     let record = item.record.as_str();
-    let held = [
-        Compare::value(record, CompareOp::Equal, kv.value()),
-        Compare::lease(record, CompareOp::Equal, lease),
-    ];
     if now.ttl() > asked && now.granted_ttl() >= asked {
         // Long enough already. (Strictly more: the time to live comes in whole seconds, and
         // only more than asked proves at least the asked time is left. And granted at least
@@ -152,7 +148,7 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
         let moved = conn
             .txn(
                 Txn::new()
-                    .when(held.clone())
+                    .when(held(record, kv.value(), lease))
                     .and_then([put(record, kv.value(), moved_to)]),
                 context,
             )
@@ -165,13 +161,15 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
         lease = moved_to;
     }
     let confirmed = conn
-        .txn(
-            Txn::new().when([
-                Compare::value(record, CompareOp::Equal, kv.value()),
-                Compare::lease(record, CompareOp::Equal, lease),
-            ]),
-            context,
-        )
+        .txn(Txn::new().when(held(record, kv.value(), lease)), context)
         .await?;
     Ok(confirmed.succeeded())
+}
+
+/// The comparisons true while `record` holds exactly `value` on `lease`.
+fn held(record: &str, value: &[u8], lease: i64) -> [Compare; 2] {
+    [
+        Compare::value(record, CompareOp::Equal, value),
+        Compare::lease(record, CompareOp::Equal, lease),
+    ]
 }

@@ -115,16 +115,12 @@ impl RedisPubSub {
 
 impl PubSubConnection for RedisPubSub {
     async fn subscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        let result = tokio::time::timeout(self.command_timeout, self.conn.subscribe(channel))
-            .await
-            .unwrap_or_else(|_| Err(timed_out()));
+        let result = within(self.command_timeout, self.conn.subscribe(channel)).await;
         result.map_err(|e| self.error(&format!("subscribing to `{channel}` failed"), e))
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        let result = tokio::time::timeout(self.command_timeout, self.conn.unsubscribe(channel))
-            .await
-            .unwrap_or_else(|_| Err(timed_out()));
+        let result = within(self.command_timeout, self.conn.unsubscribe(channel)).await;
         result.map_err(|e| self.error(&format!("unsubscribing `{channel}` failed"), e))
     }
 
@@ -144,12 +140,19 @@ impl PubSubConnection for RedisPubSub {
             self.retry_in = FIRST_RETRY;
             return true;
         }
-        if matches!(self.conn, SubConn::Cluster { .. }) {
+        let SubConn::Single(single) = &mut self.conn else {
             // The cluster client reconnects each node and moves subscriptions with their slots
             // by itself (tested through a crash failover of a slot's master).
             return false;
-        }
-        if self.conn.ping(self.command_timeout).await {
+        };
+        let ping = redis::cmd("PING");
+        if within(
+            self.command_timeout,
+            ping.query_async::<redis::Value>(single),
+        )
+        .await
+        .is_ok()
+        {
             // Back: it renews its subscriptions and reports each.
             self.retry_in = FIRST_RETRY;
             return false;
@@ -166,14 +169,19 @@ impl PubSubConnection for RedisPubSub {
     }
 }
 
-/// A call that got no answer within the command timeout, as redis-rs reports one (an I/O
-/// error of kind `TimedOut`, transient).
-fn timed_out() -> redis::RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "no answer within the command timeout",
-    )
-    .into()
+/// `call`'s answer, or, when none came within `limit`, a timeout as redis-rs reports one
+/// (an I/O error of kind `TimedOut`, transient).
+async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer within the command timeout",
+        )
+        .into())
+    })
 }
 
 /// A RESP3 subscription connection to one server, feeding `push`.
