@@ -14,7 +14,7 @@ mod operator;
 mod safety;
 pub use operator::list_and_force_release;
 pub use safety::{
-    lost_stays_lost, max_hold_is_a_hard_cap, renewals_never_shorten_an_extended_lease,
+    free_now, lost_stays_lost, max_hold_is_a_hard_cap, renewals_never_shorten_an_extended_lease,
     shutdown_ends_waiters, shutdown_lets_running_jobs_finish, shutdown_releases_everything,
 };
 

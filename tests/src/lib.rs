@@ -13,6 +13,7 @@ pub mod rng;
 pub mod server;
 pub mod sim;
 pub mod store;
+pub mod wake;
 
 pub use etcd::EtcdCluster;
 pub use postgres::PostgresServer;

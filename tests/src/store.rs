@@ -193,7 +193,8 @@ impl lock_testkit::Harness for TestStore {
     }
 }
 
-async fn delete_on(server: &RedisServer, redis_key: &str) {
+/// Deletes the key `redis_key` on `server`.
+pub async fn delete_on(server: &RedisServer, redis_key: &str) {
     let mut conn = server
         .client()
         .get_multiplexed_async_connection()

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
-use lock_tests::TestStore;
+use lock_tests::{TestStore, wake};
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::cluster());
 lock_testkit::attribute_suite!(lock_tests::TestStore::cluster());
@@ -213,71 +213,11 @@ async fn waiters_follow_the_slot_after_its_master_crashes() {
     };
     let key = "crashed-slot";
     // The waiter's subscriber subscribes on the slot's master.
-    let warm = holder
-        .lock(key)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let warm_wait = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock(key)
-                .acquire_timeout(Duration::from_secs(5))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    warm.release().await.expect("release");
-    warm_wait
-        .await
-        .expect("task")
-        .expect("woken")
-        .release()
-        .await
-        .expect("release");
+    wake::warm_subscriber(&holder, &waiter, key).await;
 
     let (master, replica) = cluster.master_and_replica_of(&format!("lock:{{{key}}}"));
     cluster.nodes[master].kill();
-    let crashed = tokio::time::Instant::now();
-    let held = loop {
-        match holder
-            .lock(key)
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-        {
-            Ok(Some(guard)) => break guard,
-            Ok(None) => panic!("nobody else holds {key}"),
-            Err(e) => {
-                assert!(
-                    crashed.elapsed() < Duration::from_secs(20),
-                    "the slot did not move to the replica: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    wake::waiter_wakes_after_a_failover(&holder, &waiter, key, Duration::from_secs(20)).await;
     let (now_serving, _) = cluster.shard_of(replica, &format!("lock:{{{key}}}"));
     assert_eq!(now_serving, replica, "the replica took over the slot");
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock(key)
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let released = tokio::time::Instant::now();
-    assert!(held.release().await.expect("release"));
-    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the waiter woke on the release, not after the 30 s ttl")
-        .expect("task")
-        .expect("acquired on the promoted replica");
-    assert!(released.elapsed() < Duration::from_secs(5));
-    got.release().await.expect("release");
 }

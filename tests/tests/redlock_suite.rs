@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
-use lock_tests::{FaultProxy, RedisServer, TestStore};
+use lock_tests::{FaultProxy, RedisServer, TestStore, wake};
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::redlock());
 lock_testkit::attribute_suite!(lock_tests::TestStore::redlock());
@@ -256,43 +256,13 @@ async fn a_waiter_wakes_after_a_long_outage() {
         .build()
         .await
         .expect("build");
-    let guard = holder
-        .lock("long-outage")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let waiter = {
-        let waiting = waiting.clone();
-        tokio::spawn(async move {
-            waiting
-                .lock("long-outage")
-                .acquire_timeout(Duration::from_secs(28))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for proxy in &proxies {
-        proxy.refuse(true);
-        proxy.drop_connections();
-    }
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    for proxy in &proxies {
-        proxy.refuse(false);
-    }
-    // Time for the waiter's runtime to find the masters again.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let released_at = tokio::time::Instant::now();
-    assert!(guard.release().await.expect("release"));
-    let taken = waiter
-        .await
-        .expect("task")
-        .expect("the waiter got the lock before its deadline");
-    let took = released_at.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "woken {took:?} after the release (the holder's ttl had about 17 s left)"
-    );
-    assert!(taken.release().await.expect("release"));
+    wake::waiter_wakes_after_an_outage(&waiting, &holder, "long-outage", |down| {
+        for proxy in &proxies {
+            proxy.refuse(down);
+            if down {
+                proxy.drop_connections();
+            }
+        }
+    })
+    .await;
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
-use lock_tests::{FaultProxy, RedisCluster, RedisServer, SentinelSet, TestStore};
+use lock_testkit::suite::free_now;
+use lock_tests::{FaultProxy, RedisCluster, RedisServer, SentinelSet, TestStore, wake};
 use tokio::time::Instant;
 
 async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
@@ -26,17 +27,6 @@ async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
         .acquire_timeout(Duration::from_secs(5))
         .await
         .unwrap_or_else(|e| panic!("{why}: {e}"));
-    taken.release().await.expect("release");
-}
-
-/// Takes `key` through `runtime` at once, then gives it back: the lock is free right now.
-async fn free_now(runtime: &LockRuntime, key: &str, why: &str) {
-    let taken = runtime
-        .lock(key)
-        .try_acquire()
-        .await
-        .expect("try")
-        .unwrap_or_else(|| panic!("{why}"));
     taken.release().await.expect("release");
 }
 
@@ -486,46 +476,10 @@ async fn f13_max_hold_is_not_exceeded() {
 // Before: a lost counter restarted fences at 1, and every key left a `:fence` key without an
 // expiry.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f14_fence_survives_a_lost_counter_redis() {
-    let server = RedisServer::start();
-    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
-    let first = runtime
-        .lock("counter-lost")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let fence = first.lease().fence();
-    first.release().await.expect("release");
-    // A failover that lost the last INCR, or a counter that expired: the counter is gone.
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("DEL")
-        .arg("lock:{counter-lost}:fence")
-        .query_async(&mut conn)
-        .await
-        .expect("DEL");
-    let second = runtime
-        .lock("counter-lost")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    assert!(
-        second.lease().fence() > fence,
-        "fence {} after the counter was lost, {fence} before",
-        second.lease().fence()
-    );
-    second.release().await.expect("release");
-}
-
-/// The same on the other Redis topologies, each through its own connection handling: the
-/// counter deleted where the store keeps it (the slot's node, the master the sentinels name,
-/// every Redlock master).
+/// The counter deleted where the store keeps it (the server, the slot's node, the master the
+/// sentinels name, every Redlock master): a failover that lost the last INCR, or a counter
+/// that expired. The next fence is still higher, on every Redis topology, each through its
+/// own connection handling.
 async fn fence_survives_a_lost_counter(store: TestStore) {
     let runtime = store.runtime().await;
     let first = runtime
@@ -549,6 +503,11 @@ async fn fence_survives_a_lost_counter(store: TestStore) {
         second.lease().fence()
     );
     assert!(second.release().await.expect("release"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f14_fence_survives_a_lost_counter_redis() {
+    fence_survives_a_lost_counter(TestStore::redis()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,16 +560,7 @@ async fn f14_redlock_fences_go_on_when_a_minority_loses_its_counters() {
     );
     assert!(first.release().await.expect("release"));
     for server in &servers[..2] {
-        let mut conn = server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let _: () = redis::cmd("DEL")
-            .arg("lock:{lifted}:fence")
-            .query_async(&mut conn)
-            .await
-            .expect("DEL");
+        lock_tests::store::delete_on(server, "lock:{lifted}:fence").await;
     }
     let second = runtime
         .lock("lifted")
@@ -1114,41 +1064,13 @@ async fn f10_waiters_wake_after_a_long_outage() {
     let proxy = FaultProxy::start(server.port());
     let waiting = runtime_via(proxy.url(), Duration::from_millis(500)).await;
     let holder = runtime_via(server.url(), Duration::from_secs(2)).await;
-    let guard = holder
-        .lock("long-outage")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let waiter = {
-        let waiting = waiting.clone();
-        tokio::spawn(async move {
-            waiting
-                .lock("long-outage")
-                .acquire_timeout(Duration::from_secs(28))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    proxy.refuse(true);
-    proxy.drop_connections();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    proxy.refuse(false);
-    // Time for the waiter's runtime to find Redis again.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let released_at = Instant::now();
-    assert!(guard.release().await.expect("release"));
-    let taken = waiter
-        .await
-        .expect("task")
-        .expect("the waiter got the lock before its deadline");
-    let took = released_at.elapsed();
-    assert!(
-        took < Duration::from_secs(5),
-        "woken {took:?} after the release (the holder's ttl had about 17 s left)"
-    );
-    taken.release().await.expect("release");
+    wake::waiter_wakes_after_an_outage(&waiting, &holder, "long-outage", |down| {
+        proxy.refuse(down);
+        if down {
+            proxy.drop_connections();
+        }
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
-use lock_tests::TestStore;
+use lock_tests::{TestStore, wake};
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::sentinel());
 lock_testkit::attribute_suite!(lock_tests::TestStore::sentinel());
@@ -113,25 +113,7 @@ async fn waiters_follow_the_master_after_failover_and_the_old_one_dying() {
             .expect("build")
     };
     // The waiter's subscriber connects to the first master.
-    let warmup = a
-        .lock("warm")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let warm_wait = {
-        let b = b.clone();
-        tokio::spawn(async move { b.lock("warm").acquire_timeout(Duration::from_secs(5)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    warmup.release().await.expect("release");
-    warm_wait
-        .await
-        .expect("task")
-        .expect("woken")
-        .release()
-        .await
-        .expect("release");
+    wake::warm_subscriber(&a, &b, "warm").await;
 
     let TestStore::Sentinel(set) = &mut store else {
         unreachable!("made as sentinel")
@@ -210,30 +192,7 @@ async fn waiters_follow_the_master_after_it_crashes() {
     let holder = plain().await.expect("build");
     let waiter = plain().await.expect("build");
     // The waiter's subscriber connects to the first master.
-    let warm = holder
-        .lock("warm")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let warm_wait = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock("warm")
-                .acquire_timeout(Duration::from_secs(5))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    warm.release().await.expect("release");
-    warm_wait
-        .await
-        .expect("task")
-        .expect("woken")
-        .release()
-        .await
-        .expect("release");
+    wake::warm_subscriber(&holder, &waiter, "warm").await;
 
     let old_port = set.master_port().expect("a master");
     let old = set
@@ -256,41 +215,6 @@ async fn waiters_follow_the_master_after_it_crashes() {
     assert!(fresh.release().await.expect("release"));
 
     // A waiter wakes on a release on the new master.
-    let held = loop {
-        match holder
-            .lock("after-crash")
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-        {
-            Ok(Some(guard)) => break guard,
-            Ok(None) => panic!("nobody else holds after-crash"),
-            Err(e) => {
-                assert!(
-                    crashed.elapsed() < Duration::from_secs(15),
-                    "the holder did not follow the new master: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    let waiting = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            waiter
-                .lock("after-crash")
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let released = tokio::time::Instant::now();
-    assert!(held.release().await.expect("release"));
-    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the waiter woke on the release, not after the 30 s ttl")
-        .expect("task")
-        .expect("acquired on the new master");
-    assert!(released.elapsed() < Duration::from_secs(5));
-    got.release().await.expect("release");
+    let follow = Duration::from_secs(15).saturating_sub(crashed.elapsed());
+    wake::waiter_wakes_after_a_failover(&holder, &waiter, "after-crash", follow).await;
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::Harness;
 
 /// Takes `key` through `runtime` at once and gives it back: it is free right now.
-async fn free_now(runtime: &LockRuntime, key: &str, why: &str) {
+pub async fn free_now(runtime: &LockRuntime, key: &str, why: &str) {
     let taken = runtime
         .lock(key)
         .try_acquire()

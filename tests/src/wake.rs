@@ -1,0 +1,132 @@
+//! Whether a waiter hears a release after a fault: the checks the stores' fault tests share
+//! (finding 10 of the safety review, on every Redis topology). Each allows 5 s from the
+//! release against a holder's ttl of 30 s, so only a heard release can pass.
+
+use std::time::Duration;
+
+use lock_runtime::LockRuntime;
+use tokio::time::Instant;
+
+/// `waiting` waits for `key`, which `holder` holds for 30 s, through an outage of 10 s that
+/// `cut(true)` starts and `cut(false)` ends (its connections refused and dropped: longer than
+/// the Redis client's own reconnect tries); a release 3 s after the outage reaches it within
+/// 5 s.
+pub async fn waiter_wakes_after_an_outage(
+    waiting: &LockRuntime,
+    holder: &LockRuntime,
+    key: &str,
+    cut: impl Fn(bool),
+) {
+    let guard = holder
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let (waiting, key) = (waiting.clone(), key.to_owned());
+        tokio::spawn(async move {
+            waiting
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(28))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cut(true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    cut(false);
+    // Time for the waiting runtime to find the store again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released_at = Instant::now();
+    assert!(guard.release().await.expect("release"));
+    let taken = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got the lock before its deadline");
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "woken {took:?} after the release (the holder's ttl had about 17 s left)"
+    );
+    assert!(taken.release().await.expect("release"));
+}
+
+/// After a failover: `holder` takes `key` for 30 s as soon as the store lets it (retrying
+/// errors for up to `follow` while the store moves to its new master), `waiter` waits for it,
+/// and the release 1.5 s later reaches the waiter within 5 s.
+pub async fn waiter_wakes_after_a_failover(
+    holder: &LockRuntime,
+    waiter: &LockRuntime,
+    key: &str,
+    follow: Duration,
+) {
+    let started = Instant::now();
+    let held = loop {
+        match holder
+            .lock(key)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+        {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody else holds {key}"),
+            Err(e) => {
+                assert!(
+                    started.elapsed() < follow,
+                    "the holder did not reach the new master: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            waiter
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = Instant::now();
+    assert!(held.release().await.expect("release"));
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter woke on the release, not after the 30 s ttl")
+        .expect("task")
+        .expect("acquired on the new master");
+    assert!(released.elapsed() < Duration::from_secs(5));
+    got.release().await.expect("release");
+}
+
+/// Opens `waiter`'s subscriber connection where the store is now: `holder` takes `key`,
+/// `waiter` waits for it, and gets it (within 5 s) when `holder` releases it.
+pub async fn warm_subscriber(holder: &LockRuntime, waiter: &LockRuntime, key: &str) {
+    let warm = holder
+        .lock(key)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let warm_wait = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            waiter
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    warm.release().await.expect("release");
+    warm_wait
+        .await
+        .expect("task")
+        .expect("woken")
+        .release()
+        .await
+        .expect("release");
+}
