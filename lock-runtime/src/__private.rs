@@ -261,6 +261,36 @@ where
     outcome
 }
 
+/// For a re-entrant call with `once`: true when its body may run (no done marker). Asks the
+/// store as an acquire with `once` does, which checks the marker first: "done" skips; "held"
+/// (by the enclosing call's lease) lets the body run. A grant means the enclosing lease is
+/// gone from the store: it is given back, and the call fails closed as a lost one.
+async fn nested_once_state(
+    runtime: &LockRuntime,
+    spec: &LockSpec,
+    once_ms: u64,
+) -> Result<bool, LockError> {
+    let mut request = runtime
+        .lock(spec.key.clone())
+        .once(Duration::from_millis(once_ms));
+    if let Some(ms) = spec.ttl_ms {
+        request = request.ttl(Duration::from_millis(ms));
+    }
+    match request.try_acquire_detailed().await? {
+        TryOutcome::Held => Ok(true),
+        TryOutcome::Done => {
+            tracing::debug!(key = %spec.key, "work already done for this key; the nested call is skipped");
+            Ok(false)
+        }
+        TryOutcome::Acquired(guard) => {
+            let _ = guard.release().await;
+            Err(LockError::Lost {
+                key: spec.key.clone(),
+            })
+        }
+    }
+}
+
 async fn execute_in_span<R, F>(
     spec: &LockSpec,
     body: F,
@@ -279,6 +309,16 @@ where
     // "skip" and "error" see it held, and "wait" waits, with a warning in the log.)
     if let Some(lease) = held_lease(runtime.inner.id, &spec.key).filter(|l| !l.is_lost()) {
         tracing::trace!("re-entrant call; the lock is already held by this task");
+        // The nested call runs under the enclosing call's lease (its ttl, min_hold, max_hold,
+        // watchdog and on_lost decide), but its own `once` marker is honoured: one that is
+        // already there skips the body.
+        if let Some(ms) = spec.once_ms {
+            match Box::pin(nested_once_state(&runtime, spec, ms)).await {
+                Ok(true) => {}
+                Ok(false) => return Outcome::Skipped,
+                Err(e) => return Outcome::Failed(e),
+            }
+        }
         let result = body.await;
         // The nested call's `once` holds for it too: its success leaves its marker now.
         if let Some(ms) = spec.once_ms
@@ -383,8 +423,14 @@ where
             tracing::warn!(key = %spec.key, "the lease lapsed before the body finished; its done marker was written");
         }
         Ok(_) => {}
+        Err(e) if once && e.is_transient() => {
+            tracing::warn!(key = %spec.key, error = %e, "the body succeeded but its done marker could not be written yet; trying again in the background");
+        }
         Err(e) if once => {
             tracing::error!(key = %spec.key, error = %e, "the body succeeded but its done marker could not be written; the job may run again at the next firing");
+        }
+        Err(e) if e.is_transient() => {
+            tracing::warn!(key = %spec.key, error = %e, "release after the locked body failed; trying again in the background");
         }
         Err(e) => {
             tracing::warn!(key = %spec.key, error = %e, "release after the locked body failed; the lease will expire by its ttl");

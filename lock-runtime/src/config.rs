@@ -156,6 +156,22 @@ pub(crate) fn redact_url(url: &str) -> String {
     )
 }
 
+/// `text` percent-encoded for the user or password part of a URL: every byte but the
+/// unreserved ones (letters, digits, `-._~`), so a password with `/`, `?`, `#`, `@` or `%`
+/// reads back as itself.
+pub(crate) fn encode_userinfo(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            let _ = write!(encoded, "%{byte:02X}");
+        }
+    }
+    encoded
+}
+
 /// The password of a URL, if any, so error texts can be scrubbed of it.
 pub(crate) fn url_secret(url: &str) -> Option<String> {
     let rest = &url[url.find("://")? + 3..];
@@ -182,6 +198,16 @@ pub(crate) fn default_owner() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encodes_userinfo() {
+        assert_eq!(encode_userinfo("plain-pw_1.~"), "plain-pw_1.~");
+        assert_eq!(
+            encode_userinfo("a/b?c#d%e@f:g"),
+            "a%2Fb%3Fc%23d%25e%40f%3Ag"
+        );
+        assert_eq!(encode_userinfo("é"), "%C3%A9");
+    }
 
     #[test]
     fn redacts_passwords() {

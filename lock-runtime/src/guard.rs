@@ -110,8 +110,11 @@ impl LockGuard {
 
     /// Gives the lock back now. `Ok(true)`: it was ours and is released (or, with `min_hold`,
     /// will expire when min_hold has passed). `Ok(false)`: it was no longer ours, nothing was
-    /// touched. An `Err` means the store could not be reached; the lease then expires by its
-    /// ttl, since the watchdog no longer renews it.
+    /// touched. An `Err` means the store could not be reached. When the failure is a passing
+    /// one ([`LockError::is_transient`]: a network blip, a failover), the same release is
+    /// tried again in the background (100 ms doubling to 2 s, until the lease would have
+    /// expired anyway, one try once a shutdown begins, which waits for it); otherwise the lease
+    /// expires by its ttl, since the watchdog no longer renews it.
     ///
     /// # Cancel safety
     /// If the returned future is dropped before it completes, the release still happens in the
@@ -124,7 +127,9 @@ impl LockGuard {
     /// records that the work is done: later requests for the key skip until the retention
     /// ends. Marker and release are written by one script. Without `once` it is `release`.
     /// The marker is written even when the lease lapsed while the work ran (the work did
-    /// succeed, and must not run again); the call then returns `Ok(false)`.
+    /// succeed, and must not run again); the call then returns `Ok(false)`. A passing failure
+    /// is tried again in the background as for [`release`](Self::release), marker included,
+    /// and still returned.
     ///
     /// # Cancel safety
     /// As for [`release`](Self::release).
@@ -138,7 +143,7 @@ impl LockGuard {
         let state = self.lease.state.clone();
         // Counted before the watchdog forgets the lease, so a shutdown that finds the
         // watchdog empty still waits for this release.
-        let _in_flight = self.runtime.watchdog.release_in_flight();
+        let _in_flight = self.runtime.watchdog.work_in_flight();
         state.mark_ended();
         self.runtime.guard_closed(&state);
         state.count_release();
@@ -157,7 +162,16 @@ impl LockGuard {
             .backend
             .release(&state.names, &state.token, done_retention)
             .await;
-        pending.disarm();
+        match &outcome {
+            // A passing failure (a network blip, a failover): the same release, marker
+            // included, is tried again in the background until the lease would have expired
+            // anyway, as a dropped guard's is; the caller still hears of the failure.
+            Err(e) if e.is_transient() => {
+                tracing::debug!(key = %state.names.key, fence = state.fence, error = %e, "release failed; trying again in the background");
+                drop(pending);
+            }
+            _ => pending.disarm(),
+        }
         let outcome = outcome?;
         match outcome {
             ReleaseOutcome::NotOwner => {

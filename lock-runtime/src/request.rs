@@ -197,6 +197,12 @@ impl LockRequest {
     async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
         let inner = &self.runtime.inner;
         let token = uuid::Uuid::new_v4().simple().to_string();
+        // Counted as work in flight until the attempt ends, so a shutdown that begins while it
+        // is on its way waits for it: for its grant to be given back (the pending release
+        // below, which counts itself before this drops: locals drop in reverse order) or
+        // handed to a holder. Otherwise a service that returns from `main` right after
+        // `shutdown()` would leave that grant to nobody for its whole ttl.
+        let _in_flight = inner.watchdog.work_in_flight();
         // Until the lock is handed to the caller as a registered lease, anything that ends this
         // attempt (the future dropped while the script is in flight, a call that fails after
         // the store may have granted it, a grant the caller will not get) releases the token in

@@ -58,21 +58,21 @@ pub(crate) struct WatchdogHandle {
     /// True from the start of a shutdown: failed releases are no longer tried again, so the
     /// shutdown ends.
     stopping: Arc<AtomicBool>,
-    /// Releases the driver does not track: those a holder awaits itself, and those started
-    /// after the driver stopped. A shutdown waits for them too.
+    /// Work the driver does not track: releases a holder awaits itself, acquires on their way,
+    /// and releases started after the driver stopped. A shutdown waits for them too.
     in_flight: Arc<InFlight>,
     /// Turns true once the driver has stopped and finished its releases.
     stopped: tokio::sync::watch::Receiver<bool>,
 }
 
-/// A count of releases under way, and a way to wait until there are none.
+/// A count of releases and acquires under way, and a way to wait until there are none.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     count: std::sync::atomic::AtomicUsize,
     none_left: tokio::sync::Notify,
 }
 
-/// Counts one release as under way until dropped.
+/// Counts one release or acquire as under way until dropped.
 pub(crate) struct InFlightRelease(Arc<InFlight>);
 
 impl Drop for InFlightRelease {
@@ -179,8 +179,9 @@ impl WatchdogHandle {
         self.in_flight.finished().await;
     }
 
-    /// Counts a release that a holder awaits itself until the returned value drops.
-    pub(crate) fn release_in_flight(&self) -> InFlightRelease {
+    /// Counts work a shutdown must wait for (a release a holder awaits itself, an acquire on
+    /// its way) until the returned value drops.
+    pub(crate) fn work_in_flight(&self) -> InFlightRelease {
         self.in_flight.start()
     }
 }

@@ -343,6 +343,25 @@ pub async fn attr_reentrant_once_leaves_its_marker<H: Harness>(store: &H) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
 }
 
+/// once: a nested `once` call honours a marker that is already there: an outer call that
+/// calls it twice runs its body once; the second call returns as a skipped one does.
+pub async fn attr_reentrant_once_honours_its_marker<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let runs = counter();
+    assert_eq!(
+        a.scope(outer_plain_twice("t", runs.clone())).await,
+        None,
+        "the second nested call found the first one's marker"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the job ran once");
+    assert_eq!(a.scope(outer_plain_twice("t", runs.clone())).await, None);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "and not again in a later outer call"
+    );
+}
+
 /// Methods (`&self`, `&mut self` with `{self.field}`) and generic functions.
 pub async fn attr_methods_and_generics<H: Harness>(store: &H) {
     let rt = store.runtime().await;

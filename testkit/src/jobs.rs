@@ -146,6 +146,13 @@ pub(crate) async fn outer_plain(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {
     nested_once(tag, runs).await
 }
 
+/// A plain call that calls [`nested_once`] for the same key twice.
+#[distributed_lock(key = "nested-once:{tag}")]
+pub(crate) async fn outer_plain_twice(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {
+    nested_once(tag, runs.clone()).await;
+    nested_once(tag, runs).await
+}
+
 /// A `once` call, made inside [`outer_plain`]'s lock (re-entrant) or on its own.
 #[distributed_lock(key = "nested-once:{tag}", once = "1h")]
 pub(crate) async fn nested_once(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {

@@ -171,6 +171,7 @@ macro_rules! attribute_suite {
             attr_once_skips_after_success_only,
             attr_once_marker_survives_a_lost_lease,
             attr_reentrant_once_leaves_its_marker,
+            attr_reentrant_once_honours_its_marker,
             attr_methods_and_generics,
         );
     };

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod exclusion;
 pub mod fenced;
 pub mod fleet;
+pub mod logs;
 pub mod postgres;
 pub mod proxy;
 pub mod rng;
@@ -16,6 +17,7 @@ pub mod store;
 pub mod wake;
 
 pub use etcd::EtcdCluster;
+pub use logs::LogCapture;
 pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
 pub use server::{RedisCluster, RedisServer, SentinelSet};

@@ -602,6 +602,47 @@ impl SentinelSet {
         set
     }
 
+    /// Turns authentication on everywhere with `password`: the servers require it (and the
+    /// replica authenticates to its master with it), the sentinels require it for the default
+    /// user and use it to reach the servers. The set's own helpers (`master_port`, ...)
+    /// connect without a password, so they no longer work afterwards.
+    pub fn protect(&self, password: &str) {
+        for server in &self.servers {
+            let mut conn = server
+                .client()
+                .get_connection()
+                .expect("connect to a server");
+            for (name, value) in [("masterauth", password), ("requirepass", password)] {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg(name)
+                    .arg(value)
+                    .query(&mut conn)
+                    .expect("CONFIG SET");
+            }
+        }
+        for sentinel in &self.sentinels {
+            let mut conn = sentinel
+                .client()
+                .get_connection()
+                .expect("connect to a sentinel");
+            let _: () = redis::cmd("SENTINEL")
+                .arg("SET")
+                .arg(&self.master_name)
+                .arg("auth-pass")
+                .arg(password)
+                .query(&mut conn)
+                .expect("SENTINEL SET auth-pass");
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg("resetpass")
+                .arg(format!(">{password}"))
+                .query(&mut conn)
+                .expect("ACL SETUSER on a sentinel");
+        }
+    }
+
     /// Sentinel URLs.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
@@ -726,4 +767,14 @@ mod tests {
         );
         assert_eq!(parse_server_version("redis-server, no version"), None);
     }
+}
+
+/// Sends `signal` (e.g. "-STOP", "-CONT") to a running server's process.
+pub fn send_signal(server: &RedisServer, signal: &str) {
+    let pid = server.pid().expect("a running server");
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
 }

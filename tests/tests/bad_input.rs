@@ -1,8 +1,6 @@
 //! Bad input gets a clear `LockError`, never a panic; no password ever shows.
 
-use std::io::Write;
 use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore};
@@ -186,30 +184,11 @@ async fn unreachable_server_fails_within_the_connect_timeout() {
     drop(silent);
 }
 
-/// Collects everything the tracing subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("not poisoned").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn passwords_never_appear_in_errors_debug_or_logs() {
     const SECRET: &str = "s3cr3t-Pa55";
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let captured = lock_tests::LogCapture::default();
+    let _default = captured.install();
 
     let server = RedisServer::start_with(&["--requirepass", SECRET]);
     let mut texts = Vec::new();
@@ -292,7 +271,7 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
     drop(guard);
     good.shutdown().await;
 
-    let logs = String::from_utf8_lossy(&captured.0.lock().expect("not poisoned")).into_owned();
+    let logs = captured.text();
     texts.push(logs);
     for text in &texts {
         assert!(!text.contains(SECRET), "a password leaked: {text}");

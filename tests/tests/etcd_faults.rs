@@ -253,3 +253,100 @@ async fn a_runtime_builds_with_one_member_down() {
         runtime.shutdown().await;
     }
 }
+
+/// etcd tells a lease's time left in whole seconds, rounded down. An `extend` to a ttl shorter
+/// than the one the key's lease was granted moves the key onto another lease; that lease must
+/// not end before the validity the holder counts (never shortened by an `extend`). Here the
+/// 10 s lease has ~6.9 s left when `extend(6 s)` runs at 3.1 s, and etcd says 6: a new lease
+/// of 6 s would end at ~9.1 s while the holder counts itself valid until ~9.9 s. Three keys
+/// at once; whenever the contender gets one, its first holder must already count it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_to_a_shorter_ttl_never_ends_the_key_before_its_holders_validity() {
+    let cluster = EtcdCluster::start(1);
+    let holder = runtime(&cluster, "holder").await;
+    let contender = runtime(&cluster, "contender").await;
+    let mut rounds = tokio::task::JoinSet::new();
+    for round in 0..3 {
+        let (holder, contender) = (holder.clone(), contender.clone());
+        rounds.spawn(async move {
+            let key = format!("whole-seconds-{round}");
+            let guard = holder
+                .lock(&key)
+                .ttl(Duration::from_secs(10))
+                .watchdog(false)
+                .try_acquire()
+                .await
+                .expect("acquire")
+                .expect("free");
+            tokio::time::sleep(Duration::from_millis(3100)).await;
+            assert!(
+                guard.extend(Duration::from_secs(6)).await.expect("extend"),
+                "still ours at 3.1 s"
+            );
+            let lease = guard.lease().clone();
+            // Until well past both the lease's and the extend's end.
+            let got = contend(&contender, &key, Duration::from_secs(9), &lease).await;
+            assert!(got > 0, "`{key}` was never free again");
+            drop(guard);
+        });
+    }
+    while let Some(round) = rounds.join_next().await {
+        round.expect("round");
+    }
+    holder.shutdown().await;
+    contender.shutdown().await;
+}
+
+/// Renewals of many leases through a slow link: one renewal batch of a thousand leases takes
+/// longer than the command timeout, and must not be thrown away whole (every lease lost)
+/// because it does. 1,000 leases held through 10 ms of latency on every reply, command timeout
+/// 1 s, watched for 20 s: none may be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_leases_stay_held_through_a_slow_link() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = lock_tests::FaultProxy::start(cluster.members[0].port());
+    let slow = LockRuntime::builder()
+        .etcd([format!("http://127.0.0.1:{}", proxy.port())])
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("build");
+    let mut guards = Vec::with_capacity(1000);
+    let mut acquires = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let slow = slow.clone();
+        acquires.spawn(async move {
+            slow.lock(format!("many-{i}"))
+                .ttl(Duration::from_secs(6))
+                .acquire_timeout(Duration::from_secs(30))
+                .await
+                .expect("acquire")
+        });
+        if acquires.len() >= 50
+            && let Some(guard) = acquires.join_next().await
+        {
+            guards.push(guard.expect("acquire task"));
+        }
+    }
+    guards.extend(acquires.join_all().await);
+    proxy.set_reply_latency(Duration::from_millis(10));
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        let lost = guards.iter().filter(|g| g.lease().is_lost()).count();
+        assert_eq!(
+            lost, 0,
+            "{lost} of 1,000 leases lost through 10 ms of reply latency"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    proxy.set_reply_latency(Duration::ZERO);
+    let direct = runtime(&cluster, "checker").await;
+    for i in (0..1000).step_by(97) {
+        let key = format!("many-{i}");
+        let info = direct.inspect(&key).await.expect("inspect");
+        assert!(info.is_some(), "`{key}` is no longer held in etcd");
+    }
+    drop(guards);
+    slow.shutdown().await;
+    direct.shutdown().await;
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
 use lock_testkit::suite::free_now;
+use lock_tests::server::send_signal;
 use lock_tests::{FaultProxy, RedisCluster, RedisServer, SentinelSet, TestStore, wake};
 use tokio::time::Instant;
 
@@ -752,15 +753,6 @@ async fn master_with_replica() -> (RedisServer, RedisServer) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     (master, replica)
-}
-
-fn send_signal(server: &RedisServer, signal: &str) {
-    let pid = server.pid().expect("a running server");
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} {pid}");
 }
 
 /// Finding 1. Before: with the replica paused (it acknowledges nothing), a connection dropped

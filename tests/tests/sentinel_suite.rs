@@ -218,3 +218,70 @@ async fn waiters_follow_the_master_after_it_crashes() {
     let follow = Duration::from_secs(15).saturating_sub(crashed.elapsed());
     wake::waiter_wakes_after_a_failover(&holder, &waiter, "after-crash", follow).await;
 }
+
+/// With authentication on (servers and sentinels), a master that stops answering while a
+/// lease renews makes the runtime doubt it and ask the sentinels again: nothing it logs, at
+/// any level, may show the password, which the master's URL carries.
+#[tokio::test]
+async fn a_password_never_reaches_the_logs_while_the_master_stalls() {
+    password_stays_out_of_the_logs("plain-s3cr3t-pw").await;
+}
+
+/// The same with a password made of the characters a URL reserves (`/ ? # %`): the master's
+/// URL carries it percent-encoded, else the runtime cannot even connect.
+#[tokio::test]
+async fn a_password_with_url_characters_reaches_the_master() {
+    password_stays_out_of_the_logs("pw/with?odd#chars%s3cr3t").await;
+}
+
+async fn password_stays_out_of_the_logs(secret: &str) {
+    let captured = lock_tests::LogCapture::default();
+    let _default = captured.install();
+    let set = lock_tests::SentinelSet::start();
+    let master = set.master_port().expect("a master");
+    set.protect(secret);
+    let encoded = secret
+        .replace('%', "%25")
+        .replace('/', "%2F")
+        .replace('?', "%3F")
+        .replace('#', "%23");
+    let runtime = LockRuntime::builder()
+        .redis_sentinel(
+            &set.master_name,
+            set.sentinels
+                .iter()
+                .map(|s| format!("redis://:{encoded}@127.0.0.1:{}", s.port())),
+        )
+        .command_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("the sentinels' password reaches the master too");
+    let guard = runtime
+        .lock("stalled-renewals")
+        .ttl(Duration::from_secs(3))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let server = set
+        .servers
+        .iter()
+        .find(|s| s.port() == master)
+        .expect("the master");
+    lock_tests::server::send_signal(server, "-STOP");
+    // Renewals every second; each times out after 300 ms.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    lock_tests::server::send_signal(server, "-CONT");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = guard.release().await;
+    runtime.shutdown().await;
+    let logs = captured.text();
+    assert!(
+        logs.contains("asking the sentinels again"),
+        "the stall was noticed (else this test shows nothing): {logs}"
+    );
+    for shown in [secret, encoded.as_str(), "s3cr3t"] {
+        assert!(!logs.contains(shown), "the password is in the logs: {logs}");
+    }
+}

@@ -77,10 +77,7 @@ impl LockStore for RedlockBackend {
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        // A quorum answers yes or no for each lease; a node that failed is outvoted, never
-        // "unknown" on its own.
-        let renewed = RedlockBackend::extend(self, items).await?;
-        Ok(renewed.into_iter().map(Renewal::from).collect())
+        RedlockBackend::extend(self, items).await
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {

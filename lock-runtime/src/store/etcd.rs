@@ -235,6 +235,7 @@ impl EtcdStore {
                 secrets,
                 min_lease_secs: AtomicI64::new(0),
                 renewing: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
+                granted: Mutex::new(HashMap::new()),
             }),
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),

@@ -377,8 +377,12 @@ impl RedlockBackend {
         }
     }
 
-    /// Renews by quorum: an item is renewed when at least a quorum of nodes renewed it.
-    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<bool>, LockError> {
+    /// Renews by quorum: an item is renewed when at least a quorum of nodes renewed it, and
+    /// not ours when so many nodes said it is not theirs (or gone) that the others can no
+    /// longer make a quorum. Anything between (nodes that failed, or answered "unknown") is
+    /// unknown: the watchdog tries again until the validity ends, as with a lone store that
+    /// cannot tell; never a loss no node reported.
+    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         let answers = {
             let items: Arc<Vec<ExtendItem>> = Arc::new(items.to_vec());
             self.fan_out(move |node| {
@@ -387,13 +391,18 @@ impl RedlockBackend {
             })
             .await
         };
-        let mut votes = vec![0usize; items.len()];
+        let mut renewed = vec![0usize; items.len()];
+        let mut gone = vec![0usize; items.len()];
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
-                Ok(renewed) => {
-                    for (vote, ok) in votes.iter_mut().zip(renewed) {
-                        *vote += usize::from(ok == Renewal::Renewed);
+                Ok(answers) => {
+                    for (i, answer) in answers.into_iter().enumerate().take(items.len()) {
+                        match answer {
+                            Renewal::Renewed => renewed[i] += 1,
+                            Renewal::NotOurs => gone[i] += 1,
+                            Renewal::Unknown(_) => {}
+                        }
                     }
                 }
                 Err(e) => errors.push(e),
@@ -410,7 +419,24 @@ impl RedlockBackend {
                 &errors,
             ));
         }
-        Ok(votes.into_iter().map(|v| v >= self.quorum).collect())
+        let nodes = self.nodes.len();
+        Ok(renewed
+            .into_iter()
+            .zip(gone)
+            .map(|(renewed, gone)| {
+                if renewed >= self.quorum {
+                    Renewal::Renewed
+                } else if gone > nodes - self.quorum {
+                    Renewal::NotOurs
+                } else {
+                    Renewal::Unknown(format!(
+                        "{renewed} of {nodes} members renewed the lease and {gone} no longer \
+                         hold it; the others did not answer (a quorum is {})",
+                        self.quorum
+                    ))
+                }
+            })
+            .collect())
     }
 
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {

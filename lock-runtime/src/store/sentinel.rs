@@ -12,6 +12,7 @@ use redis::{
 };
 
 use super::conn::open_client;
+use crate::config::{encode_userinfo, redact_url};
 
 /// Where the sentinels are and how to reach the master they name.
 #[derive(Debug, Clone)]
@@ -72,12 +73,13 @@ impl SentinelConn {
     fn invalidate(&self, addr: &str) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(master) = current.as_mut().filter(|m| m.url == addr) {
-            tracing::debug!(master = %self.spec.master_name, old = addr, "master changed or unreachable; asking the sentinels again");
+            tracing::debug!(master = %self.spec.master_name, old = %redact_url(addr), "master changed or unreachable; asking the sentinels again");
             master.believed = false;
         }
     }
 
     /// The master's `redis://` URL, with the sentinels' credentials, as the sentinels say now.
+    /// It carries the password: show it only through `redact_url`.
     pub(crate) async fn master_url(&self) -> Result<String, RedisError> {
         let mut last_error = None;
         for sentinel in &self.spec.sentinels {
@@ -115,9 +117,11 @@ impl SentinelConn {
             )));
         };
         let settings = info.redis_settings();
+        // Percent-encoded: the URL is parsed again to connect, and a password with `/`, `?`,
+        // `#` or `%` would otherwise end the authority early or decode to something else.
         let auth = match (settings.username(), settings.password()) {
-            (Some(user), Some(pw)) => format!("{user}:{pw}@"),
-            (None, Some(pw)) => format!(":{pw}@"),
+            (Some(user), Some(pw)) => format!("{}:{}@", encode_userinfo(user), encode_userinfo(pw)),
+            (None, Some(pw)) => format!(":{}@", encode_userinfo(pw)),
             _ => String::new(),
         };
         let host = if host.contains(':') {

@@ -2,9 +2,10 @@
 //! it (sent again when the connection to a member could not be made, errors named and
 //! scrubbed, leases granted, read and revoked).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnResponse};
@@ -34,7 +35,14 @@ pub(super) struct Conn {
     /// stale, moving the key onto a shorter lease after the other kept the old one alive
     /// and answered for it.
     pub(super) renewing: [tokio::sync::Mutex<()>; RENEWAL_STRIPES],
+    /// The ttl each lease this store granted was granted (etcd never changes it), so a renewal
+    /// of a lease granted for the asked ttl is one keep-alive, without reading the lease's
+    /// time to live first. Bounded: emptied when full (renewals then read the ttl again).
+    pub(super) granted: std::sync::Mutex<HashMap<i64, i64>>,
 }
+
+/// How many leases [`Conn::granted`] remembers.
+const GRANTED_REMEMBERED: usize = 100_000;
 
 /// How many locks the renewals of all keys share.
 const RENEWAL_STRIPES: usize = 64;
@@ -76,7 +84,28 @@ impl Conn {
             self.min_lease_secs
                 .fetch_max(granted.ttl(), Ordering::Relaxed);
         }
+        let mut remembered = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
+        if remembered.len() >= GRANTED_REMEMBERED {
+            remembered.clear();
+        }
+        remembered.insert(granted.id(), granted.ttl());
         Ok(granted.id())
+    }
+
+    /// The ttl `lease` was granted, when this store granted it and still remembers.
+    pub(super) fn granted_secs(&self, lease: i64) -> Option<i64> {
+        self.granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&lease)
+            .copied()
+    }
+
+    fn forget_granted(&self, leases: &[i64]) {
+        let mut remembered = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
+        for lease in leases {
+            remembered.remove(lease);
+        }
     }
 
     /// The lock the renewals of `record` take.
@@ -96,6 +125,7 @@ impl Conn {
 
     /// Gives leases nobody uses back, in the background (they would expire by themselves).
     pub(super) fn revoke_later(&self, leases: Vec<i64>) {
+        self.forget_granted(&leases);
         let mut client = self.client.clone();
         tokio::spawn(async move {
             for lease in leases {
@@ -110,6 +140,7 @@ impl Conn {
     /// mostly during elections, when revokes fail too), so twice the ttl and a margin for
     /// elections.
     pub(super) async fn revoke_until_gone(self: Arc<Self>, leases: Vec<i64>, ttl: Duration) {
+        self.forget_granted(&leases);
         let give_up =
             tokio::time::Instant::now() + 2 * ttl.max(Duration::from_secs(2)) + REVOKE_MARGIN;
         for lease in leases {

@@ -1,80 +1,190 @@
 //! Renewal: keep-alive of the lease a lock's key is attached to, then a read that confirms the
 //! key still carries the token on that lease, so a key deleted between the two is never
-//! reported renewed. Leases are renewed concurrently, each under the runtime's bound on the
-//! whole call, so many held locks do not add up to one long call.
+//! reported renewed.
+//!
+//! A batch is read and confirmed a chunk of keys per transaction, and each lease costs one
+//! keep-alive (plus, when the lease was not granted for the asked ttl, a read of its time to
+//! live); leases are renewed concurrently, and a batch answers what it renewed within the
+//! command timeout, so many held locks never add up to one call that fails whole.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::conn::Conn;
 use super::{MAX_TXN_OPS, gets, parse_value, put};
+use crate::LockError;
 use crate::store::{ExtendItem, Renewal};
-use crate::{BackendError, LockError};
 
-/// Renewals in flight at once.
-const CONCURRENT: usize = 32;
+/// Keep-alives in flight at once, over all chunks.
+const CONCURRENT: usize = 64;
 
-/// One answer per item, in order.
+/// Chunks of a batch in flight at once.
+const CHUNKS_AT_ONCE: usize = 4;
+
+/// One answer per item, in order. A batch too large to renew within the command timeout (many
+/// leases, a slow link) answers what it could: the call returns at three quarters of the
+/// command timeout, before the runtime's bound on the whole call would throw every answer
+/// away, and the leases not answered by then read `Unknown` (the watchdog tries them again
+/// soon) instead of the whole batch failing, which would lose every lease in it.
 pub(super) async fn extend(conn: &Arc<Conn>, items: &[ExtendItem]) -> Vec<Renewal> {
-    let context = "lease renewal failed";
-    let mut renewed = Vec::with_capacity(items.len());
-    for chunk in items.chunks(MAX_TXN_OPS) {
-        let ops: Vec<TxnOp> = chunk
-            .iter()
-            .map(|item| TxnOp::get(item.record.as_str(), None))
-            .collect();
-        let read = match conn.txn(Txn::new().and_then(ops), context).await {
-            Ok(answer) => gets(&answer),
-            Err(e) => {
-                // This chunk is unknown; the others still answer for themselves.
-                let why = e.to_string();
-                renewed.extend(chunk.iter().map(|_| Renewal::Unknown(why.clone())));
-                continue;
-            }
-        };
-        let mut answers = vec![Renewal::NotOurs; chunk.len()];
-        let mut tasks = JoinSet::new();
-        for (i, (item, kv)) in chunk.iter().zip(read).enumerate() {
-            let Some(kv) = kv.filter(|kv| ours(kv, &item.token)) else {
-                continue;
-            };
-            if tasks.len() >= CONCURRENT
-                && let Some(Ok((j, answer))) = tasks.join_next().await
-            {
-                answers[j] = answer;
-            }
-            // Unknown until its task answers: a task that panicked or was aborted says nothing
-            // about the lease.
-            answers[i] = Renewal::Unknown("the renewal did not finish".to_owned());
-            let (conn, item) = (conn.clone(), item.clone());
-            tasks.spawn(async move { (i, renew(&conn, &item, kv).await) });
-        }
-        while let Some(joined) = tasks.join_next().await {
-            if let Ok((j, answer)) = joined {
-                answers[j] = answer;
+    let deadline = Instant::now() + conn.options.command_timeout * 3 / 4;
+    let mut answers =
+        vec![
+            Renewal::Unknown("the renewal was not answered within the command timeout".to_owned());
+            items.len()
+        ];
+    let _ = tokio::time::timeout_at(deadline, renew_all(conn, items, &mut answers)).await;
+    answers
+}
+
+/// Fills `answers` chunk by chunk as the chunks finish, a few chunks at once.
+async fn renew_all(conn: &Arc<Conn>, items: &[ExtendItem], answers: &mut [Renewal]) {
+    let keep_alives = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
+    let mut chunks = JoinSet::new();
+    for (chunk_no, chunk) in items.chunks(MAX_TXN_OPS).enumerate() {
+        while chunks.len() >= CHUNKS_AT_ONCE {
+            if let Some(Ok((first, renewed))) = chunks.join_next().await {
+                fill(answers, first, renewed);
             }
         }
-        renewed.extend(answers);
+        let (conn, chunk, keep_alives) = (conn.clone(), chunk.to_vec(), keep_alives.clone());
+        chunks.spawn(async move {
+            let first = chunk_no * MAX_TXN_OPS;
+            (first, renew_chunk(&conn, &chunk, &keep_alives).await)
+        });
     }
-    renewed
+    while let Some(joined) = chunks.join_next().await {
+        if let Ok((first, renewed)) = joined {
+            fill(answers, first, renewed);
+        }
+    }
+}
+
+fn fill(answers: &mut [Renewal], first: usize, renewed: Vec<Renewal>) {
+    for (answer, renewed) in answers[first..].iter_mut().zip(renewed) {
+        *answer = renewed;
+    }
+}
+
+/// What renewing one key's lease came to, before the confirming read.
+enum Step {
+    /// The key was found on this lease, which now lasts at least the asked ttl.
+    Confirm(i64),
+    /// Decided without the confirming read.
+    Answer(Renewal),
+}
+
+/// One chunk: one read of its keys, the keep-alives of those still ours, one confirming read.
+async fn renew_chunk(
+    conn: &Arc<Conn>,
+    chunk: &[ExtendItem],
+    keep_alives: &Arc<tokio::sync::Semaphore>,
+) -> Vec<Renewal> {
+    let context = "lease renewal failed";
+    let read = match conn.txn(read_all(chunk), context).await {
+        Ok(answer) => gets(&answer),
+        Err(e) => {
+            let why = e.to_string();
+            return chunk
+                .iter()
+                .map(|_| Renewal::Unknown(why.clone()))
+                .collect();
+        }
+    };
+    let mut steps: Vec<Step> = Vec::with_capacity(chunk.len());
+    let mut tasks = JoinSet::new();
+    for (i, (item, kv)) in chunk.iter().zip(read).enumerate() {
+        let Some(kv) = kv.filter(|kv| ours(kv, &item.token)) else {
+            steps.push(Step::Answer(Renewal::NotOurs));
+            continue;
+        };
+        // Unknown until its task answers: a task that panicked or was aborted says nothing
+        // about the lease.
+        steps.push(Step::Answer(Renewal::Unknown(
+            "the renewal did not finish".to_owned(),
+        )));
+        let (conn, item, keep_alives) = (conn.clone(), item.clone(), keep_alives.clone());
+        tasks.spawn(async move {
+            let Ok(_permit) = keep_alives.acquire_owned().await else {
+                return (
+                    i,
+                    Step::Answer(Renewal::Unknown("shutting down".to_owned())),
+                );
+            };
+            (i, renew(&conn, &item, kv).await)
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((i, step)) = joined {
+            steps[i] = step;
+        }
+    }
+    // Confirm every lease renewed above in one read, made after all their keep-alives.
+    let to_confirm: Vec<usize> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| matches!(s, Step::Confirm(_)).then_some(i))
+        .collect();
+    let mut confirmed: HashMap<usize, Option<KeyValue>> = HashMap::new();
+    if !to_confirm.is_empty() {
+        let items: Vec<ExtendItem> = to_confirm.iter().map(|&i| chunk[i].clone()).collect();
+        match conn.txn(read_all(&items), context).await {
+            Ok(answer) => {
+                confirmed.extend(to_confirm.iter().copied().zip(gets(&answer)));
+            }
+            Err(e) => {
+                let why = e.to_string();
+                for &i in &to_confirm {
+                    steps[i] = Step::Answer(Renewal::Unknown(why.clone()));
+                }
+            }
+        }
+    }
+    steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, step)| match step {
+            Step::Answer(answer) => answer,
+            Step::Confirm(lease) => match confirmed.remove(&i).flatten() {
+                Some(kv) if ours(&kv, &chunk[i].token) && kv.lease() == lease => Renewal::Renewed,
+                // Moved to another lease of ours meanwhile: the next renewal follows it.
+                Some(kv) if ours(&kv, &chunk[i].token) => {
+                    Renewal::Unknown("the key moved to another lease meanwhile".to_owned())
+                }
+                _ => Renewal::NotOurs,
+            },
+        })
+        .collect()
+}
+
+/// One transaction reading every item's key.
+fn read_all(items: &[ExtendItem]) -> Txn {
+    let ops: Vec<TxnOp> = items
+        .iter()
+        .map(|item| TxnOp::get(item.record.as_str(), None))
+        .collect();
+    Txn::new().and_then(ops)
 }
 
 fn ours(kv: &KeyValue, token: &str) -> bool {
     parse_value(kv.value()).is_some_and(|v| v.0 == token) && kv.lease() != 0
 }
 
-/// Renews one lease. When the confirming read fails because the key moved to another lease
-/// that still carries the token (a concurrent `extend` with a longer ttl moved it), that
-/// lease is renewed instead: the lock is still ours.
-async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Renewal {
+/// Renews one key's lease. When the lease turns out to be gone because the key moved to
+/// another lease that still carries the token (a concurrent `extend` with a longer ttl moved
+/// it), that lease is renewed instead: the lock is still ours.
+async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Step {
     let _one_at_a_time = conn.renewal_lock(&item.record).lock().await;
     for _ in 0..3 {
         match renew_on(conn, item, &kv).await {
-            Ok(true) => return Renewal::Renewed,
-            Ok(false) => {}
-            Err(e) => return Renewal::Unknown(e.to_string()),
+            Ok(Some(lease)) => return Step::Confirm(lease),
+            Ok(None) => {}
+            Err(e) => return Step::Answer(Renewal::Unknown(e.to_string())),
         }
         let record = item.record.as_str();
         let fresh = conn
@@ -85,28 +195,39 @@ async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Renewal {
                 Some(now) if ours(now, &item.token) && now.lease() != kv.lease() => {
                     kv = now.clone();
                 }
-                _ => return Renewal::NotOurs,
+                _ => return Step::Answer(Renewal::NotOurs),
             },
-            Err(e) => return Renewal::Unknown(conn.error("lease renewal failed", e).to_string()),
+            Err(e) => {
+                return Step::Answer(Renewal::Unknown(
+                    conn.error("lease renewal failed", e).to_string(),
+                ));
+            }
         }
     }
     // Still ours, but moved on every look: say nothing rather than "lost".
-    Renewal::Unknown("the key kept moving to other leases".to_owned())
+    Step::Answer(Renewal::Unknown(
+        "the key kept moving to other leases".to_owned(),
+    ))
 }
 
 /// Makes `kv`'s lease last at least the asked ttl from now, never shortening it (as on every
-/// store), then the confirming read; true when the key carries the token on that lease.
+/// store); the lease the key is then on, to be confirmed, or None when the lease is gone.
 /// A keep-alive renews a lease to the ttl it was granted, which may be longer than asked (a
 /// longer `extend` before, while the watchdog's last renewal asks only for what is left of
-/// max_hold): so the lease's time to live is read first, and
-/// - a lease with more than the asked time left is left alone;
-/// - one granted the asked ttl is kept alive;
-/// - otherwise the key moves onto a new lease of the asked ttl, which lasts longer than
-///   what is left of the old one.
-async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool, LockError> {
+/// max_hold):
+/// - a lease this store granted for the asked ttl is kept alive (the common case: one call);
+/// - otherwise its time to live is read first, and a lease with more than the asked time
+///   left is left alone; one granted the asked ttl is kept alive;
+/// - otherwise the key moves onto a new lease of the asked ttl (or, when etcd's whole seconds
+///   cannot prove that ends after the old one, of what is left of the old one at most, rounded
+///   up), so no key ever ends before the validity its holder was told.
+async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<Option<i64>, LockError> {
     let context = "lease renewal failed";
-    let mut lease = kv.lease();
+    let lease = kv.lease();
     let asked = conn.lease_secs_for(item.ttl);
+    if conn.granted_secs(lease) == Some(asked) {
+        return keep_alive(conn, lease).await;
+    }
     let now = conn
         .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
         .await
@@ -114,56 +235,53 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<bool,
     // -1: the lease, and so the key, is gone. (0 is less than a second left: the time to live
     // is rounded down.)
     if now.ttl() < 0 {
-        return Ok(false);
+        return Ok(None);
     }
-    let record = item.record.as_str();
     if now.ttl() > asked && now.granted_ttl() >= asked {
         // Long enough already. (Strictly more: the time to live comes in whole seconds, and
         // only more than asked proves at least the asked time is left. And granted at least
         // the ask: a leader not yet settled after an election answers "forever" for every
         // lease, then gives each its granted ttl again.)
-    } else if now.granted_ttl() == asked {
-        let (mut keeper, mut answers) = conn
-            .send(|mut c| async move { c.lease_keep_alive(lease).await })
-            .await
-            .map_err(|e| conn.error(context, e))?;
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| conn.error(context, e))?;
-        let renewed = match answers
-            .message()
-            .await
-            .map_err(|e| conn.error(context, e))?
-        {
-            Some(answer) => answer.ttl(),
-            None => return Err(BackendError::transient(format!("{context}: no answer")).into()),
-        };
-        if renewed <= 0 {
-            return Ok(false);
-        }
-    } else {
-        // Move the key onto a new lease of the asked ttl, and give the old one back.
-        let moved_to = conn.grant(item.ttl, context).await?;
-        let moved = conn
-            .txn(
-                Txn::new()
-                    .when(held(record, kv.value(), lease))
-                    .and_then([put(record, kv.value(), moved_to)]),
-                context,
-            )
-            .await?;
-        if !moved.succeeded() {
-            conn.revoke_later(vec![moved_to]);
-            return Ok(false);
-        }
-        conn.revoke_later(vec![lease]);
-        lease = moved_to;
+        return Ok(Some(lease));
     }
-    let confirmed = conn
-        .txn(Txn::new().when(held(record, kv.value(), lease)), context)
+    if now.granted_ttl() == asked {
+        return keep_alive(conn, lease).await;
+    }
+    // Move the key onto a new lease, and give the old one back. The new lease must not end
+    // before the old one could: the holder's validity was counted from the old lease, and
+    // etcd rounds the time left down, so up to a second more than it says is left. So the new
+    // lease gets the asked ttl, or the time left plus that second if longer.
+    let record = item.record.as_str();
+    let left_at_most = Duration::from_secs(u64::try_from(now.ttl()).unwrap_or(0) + 1);
+    let moved_to = conn.grant(item.ttl.max(left_at_most), context).await?;
+    let moved = conn
+        .txn(
+            Txn::new()
+                .when(held(record, kv.value(), lease))
+                .and_then([put(record, kv.value(), moved_to)]),
+            context,
+        )
         .await?;
-    Ok(confirmed.succeeded())
+    if !moved.succeeded() {
+        conn.revoke_later(vec![moved_to]);
+        return Ok(None);
+    }
+    conn.revoke_later(vec![lease]);
+    Ok(Some(moved_to))
+}
+
+/// One keep-alive of `lease`: opening the keep-alive stream sends it and waits for etcd's
+/// answer. None when etcd no longer has the lease.
+async fn keep_alive(conn: &Conn, lease: i64) -> Result<Option<i64>, LockError> {
+    let kept = conn
+        .send(|mut c| async move { c.lease_keep_alive(lease).await })
+        .await;
+    match kept {
+        Ok(_) => Ok(Some(lease)),
+        // etcd-client's word for a keep-alive answered with a ttl of 0 or less.
+        Err(etcd_client::Error::LeaseKeepAliveError(why)) if why == "lease not found" => Ok(None),
+        Err(e) => Err(conn.error("lease renewal failed", e)),
+    }
 }
 
 /// The comparisons true while `record` holds exactly `value` on `lease`.

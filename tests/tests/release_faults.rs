@@ -1,0 +1,246 @@
+//! Ends of a lock while the link to the store is cut or slow, on one Redis server, PostgreSQL
+//! and a one-member etcd, each behind a fault proxy: a release or completion that fails for a
+//! passing reason is still carried out once the store is reachable, and a shutdown waits for
+//! the acquires in flight. In each, the other runtime (connected directly) must find the lock
+//! free within a few seconds, not after the 30 s ttl.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime};
+use lock_tests::{EtcdCluster, FaultProxy, PostgresServer, RedisServer};
+
+/// A store behind a fault proxy.
+enum Server {
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+    Etcd(EtcdCluster),
+}
+
+struct Rig {
+    server: Server,
+    proxy: FaultProxy,
+}
+
+impl Rig {
+    fn redis() -> Self {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.port());
+        Rig {
+            server: Server::Redis(server),
+            proxy,
+        }
+    }
+
+    fn postgres() -> Self {
+        let server = PostgresServer::start();
+        let proxy = FaultProxy::start(server.port());
+        Rig {
+            server: Server::Postgres(server),
+            proxy,
+        }
+    }
+
+    fn etcd() -> Self {
+        let server = EtcdCluster::start(1);
+        let proxy = FaultProxy::start(server.members[0].port());
+        Rig {
+            server: Server::Etcd(server),
+            proxy,
+        }
+    }
+
+    fn builder(&self, through_proxy: bool) -> lock_runtime::LockRuntimeBuilder {
+        let builder = LockRuntime::builder();
+        let proxy = self.proxy.port();
+        match &self.server {
+            Server::Redis(s) if through_proxy => builder.redis(self.proxy.url()),
+            Server::Redis(s) => builder.redis(s.url()),
+            Server::Postgres(s) if through_proxy => builder.postgres(
+                s.url()
+                    .replace(&format!(":{}/", s.port()), &format!(":{proxy}/")),
+            ),
+            Server::Postgres(s) => builder.postgres(s.url()),
+            Server::Etcd(_) if through_proxy => builder.etcd([format!("http://127.0.0.1:{proxy}")]),
+            Server::Etcd(s) => builder.etcd(s.endpoints()),
+        }
+    }
+
+    /// A runtime whose every connection goes through the proxy.
+    async fn slow(&self, command_timeout: Duration) -> LockRuntime {
+        self.builder(true)
+            .owner("through-the-proxy")
+            .command_timeout(command_timeout)
+            .connect_timeout(command_timeout)
+            .build()
+            .await
+            .expect("build through the proxy")
+    }
+
+    /// A runtime connected to the store directly.
+    async fn direct(&self) -> LockRuntime {
+        self.builder(false)
+            .owner("direct")
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect("build")
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    fn cut(&self) {
+        self.proxy.refuse(true);
+        self.proxy.drop_connections();
+    }
+
+    fn mend(&self) {
+        self.proxy.refuse(false);
+    }
+}
+
+/// Takes `key` through `runtime` within 5 s, then gives it back.
+async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
+    let taken = runtime
+        .lock(key)
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{why}: {e}"));
+    taken.release().await.expect("release");
+}
+
+/// An awaited `release()` that fails because the link is cut returns the error, and the
+/// release is carried out in the background once the store is reachable again.
+async fn a_failed_release_is_carried_out_later(rig: Rig) {
+    let slow = rig.slow(Duration::from_millis(500)).await;
+    let direct = rig.direct().await;
+    let guard = slow
+        .lock("release-into-a-cut")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    rig.cut();
+    let released = guard.release().await;
+    assert!(
+        released.as_ref().is_err_and(LockError::is_transient),
+        "the link is cut: {released:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.mend();
+    free_within_5s(
+        &direct,
+        "release-into-a-cut",
+        "the release was carried out once the store was reachable, not left to the 30 s ttl",
+    )
+    .await;
+    slow.shutdown().await;
+    direct.shutdown().await;
+}
+
+/// The same for `complete()` with `once`: its done marker is written by the later release, so
+/// the work does not run again inside its window.
+async fn a_failed_completion_still_marks_the_work_done(rig: Rig) {
+    let slow = rig.slow(Duration::from_millis(500)).await;
+    let direct = rig.direct().await;
+    let guard = slow
+        .lock("complete-into-a-cut")
+        .ttl(Duration::from_secs(30))
+        .once(Duration::from_secs(3600))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    rig.cut();
+    let completed = guard.complete().await;
+    assert!(
+        completed.as_ref().is_err_and(LockError::is_transient),
+        "the link is cut: {completed:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.mend();
+    let again = direct
+        .lock("complete-into-a-cut")
+        .ttl(Duration::from_secs(30))
+        .once(Duration::from_secs(3600))
+        .acquire_timeout(Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(again, Err(LockError::AlreadyDone { .. })),
+        "the work was done once; its marker must be written once the store is reachable: {again:?}"
+    );
+    slow.shutdown().await;
+    direct.shutdown().await;
+}
+
+/// `shutdown()` while a `try_acquire` is on its way (replies delayed 400 ms), then the tokio
+/// runtime ends at once, as a service's `main` returns right after `shutdown()`. The grant
+/// that lands meanwhile must have been given back before `shutdown()` returned.
+async fn shutdown_waits_for_acquires_in_flight(rig: Rig) {
+    let direct = rig.direct().await;
+    let builder = rig
+        .builder(true)
+        .owner("through-the-proxy")
+        .command_timeout(Duration::from_secs(5));
+    let proxy = &rig.proxy;
+    // The service: its own tokio runtime on its own thread, which ends (and with it every task
+    // and connection of the lock runtime) as soon as shutdown() returns.
+    let service = || {
+        let own = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the service's tokio runtime");
+        own.block_on(async move {
+            let slow = builder.build().await.expect("build through the proxy");
+            proxy.set_reply_latency(Duration::from_millis(400));
+            let attempt = tokio::spawn({
+                let slow = slow.clone();
+                async move {
+                    slow.lock("in-flight-at-shutdown")
+                        .ttl(Duration::from_secs(30))
+                        .try_acquire()
+                        .await
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(!attempt.is_finished(), "the acquire is still on its way");
+            slow.shutdown().await;
+        });
+    };
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            scope.spawn(service).join().expect("the service thread");
+        })
+    });
+    rig.proxy.set_reply_latency(Duration::ZERO);
+    free_within_5s(
+        &direct,
+        "in-flight-at-shutdown",
+        "the grant of an acquire in flight at shutdown was given back before shutdown() returned",
+    )
+    .await;
+    direct.shutdown().await;
+}
+
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod redis { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Rig::redis()).await }
+        )* }
+        mod postgres { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Rig::postgres()).await }
+        )* }
+        mod etcd { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Rig::etcd()).await }
+        )* }
+    };
+}
+
+on_every_store!(
+    a_failed_release_is_carried_out_later,
+    a_failed_completion_still_marks_the_work_done,
+    shutdown_waits_for_acquires_in_flight,
+);
