@@ -110,7 +110,14 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             #[cfg(feature = "postgres")]
             Some(StoreChoice::Postgres(target)) => format!("postgres({})", target.shown()),
             #[cfg(feature = "etcd")]
-            Some(StoreChoice::Etcd(endpoints)) => format!("etcd({})", endpoints.join(", ")),
+            Some(StoreChoice::Etcd(endpoints)) => format!(
+                "etcd({})",
+                endpoints
+                    .iter()
+                    .map(|e| crate::config::redact_url(e))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             None => "none".to_owned(),
         };
         f.debug_struct("LockRuntimeBuilder")
@@ -516,6 +523,7 @@ impl LockRuntimeBuilder {
                         tls_root_cert: self.tls_root_cert,
                         connect_timeout,
                         command_timeout,
+                        namespace: namespace.clone(),
                     })
                     .await?,
                 )
@@ -535,6 +543,7 @@ impl LockRuntimeBuilder {
                         tls_root_cert: self.tls_root_cert,
                         connect_timeout,
                         command_timeout,
+                        namespace: namespace.clone(),
                     })
                     .await?,
                 )

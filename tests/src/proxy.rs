@@ -21,6 +21,9 @@ struct Faults {
     new_connection_latency_ms: AtomicU64,
     /// Bumped to drop every open connection.
     epoch: AtomicU64,
+    /// Bumped to drop every open connection together with the bytes it holds back (latency):
+    /// what was on its way is lost, as when a link breaks.
+    lossy_epoch: AtomicU64,
     /// The port new connections are forwarded to (a failover moves it).
     upstream: AtomicU16,
     stopped: AtomicBool,
@@ -82,6 +85,13 @@ impl FaultProxy {
 
     /// Closes every open connection.
     pub fn drop_connections(&self) {
+        self.faults.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// As `drop_connections`, and the bytes held back by latency are lost with them instead of
+    /// delivered first: a reply on its way never arrives.
+    pub fn drop_connections_and_what_they_hold(&self) {
+        self.faults.lossy_epoch.fetch_add(1, Ordering::SeqCst);
         self.faults.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -179,6 +189,7 @@ async fn pump(
     replies: bool,
 ) {
     let alive = |f: &Faults| f.epoch.load(Ordering::SeqCst) == epoch;
+    let lossy_epoch = faults.lossy_epoch.load(Ordering::SeqCst);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let read = tokio::time::timeout(Duration::from_millis(20), from.read(&mut buf)).await;
@@ -202,6 +213,9 @@ async fn pump(
         }
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
+            if faults.lossy_epoch.load(Ordering::SeqCst) != lossy_epoch {
+                return;
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

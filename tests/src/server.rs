@@ -550,6 +550,70 @@ impl RedisCluster {
         panic!("no shard serves slot {slot}");
     }
 
+    /// Moves the slot of `key` from its master to the master `to` by hand, as a resharding
+    /// does: IMPORTING / MIGRATING, MIGRATE of the slot's keys, then SETSLOT NODE on every
+    /// master. Returns the slot.
+    pub fn migrate_slot_of(&self, key: &str, to: usize) -> i64 {
+        let query = |node: usize, args: &[&str]| -> redis::Value {
+            let mut conn = self.nodes[node].client().get_connection().expect("connect");
+            let mut cmd = redis::cmd(args[0]);
+            for arg in &args[1..] {
+                cmd.arg(*arg);
+            }
+            cmd.query(&mut conn)
+                .unwrap_or_else(|e| panic!("{args:?} on node {node}: {e}"))
+        };
+        let text = |v: redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::SimpleString(s) => s,
+            other => panic!("not a text: {other:?}"),
+        };
+        let (from, _) = self.shard_of(0, key);
+        assert_ne!(from, to, "the slot is already there");
+        let slot = match query(from, &["CLUSTER", "KEYSLOT", key]) {
+            redis::Value::Int(slot) => slot,
+            other => panic!("CLUSTER KEYSLOT answered {other:?}"),
+        };
+        let slot_text = slot.to_string();
+        let from_id = text(query(from, &["CLUSTER", "MYID"]));
+        let to_id = text(query(to, &["CLUSTER", "MYID"]));
+        query(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id],
+        );
+        query(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id],
+        );
+        loop {
+            let keys = match query(from, &["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]) {
+                redis::Value::Array(keys) => keys.into_iter().map(text).collect::<Vec<_>>(),
+                other => panic!("CLUSTER GETKEYSINSLOT answered {other:?}"),
+            };
+            if keys.is_empty() {
+                break;
+            }
+            let port = self.nodes[to].port().to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            query(from, &args);
+        }
+        let masters: Vec<usize> = (0..self.nodes.len())
+            .filter(|&n| {
+                let info = text(query(n, &["INFO", "replication"]));
+                info.contains("role:master")
+            })
+            .collect();
+        // The two ends first, then the other masters.
+        for node in [to, from]
+            .into_iter()
+            .chain(masters.into_iter().filter(|&n| n != to && n != from))
+        {
+            query(node, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]);
+        }
+        slot
+    }
+
     /// A redis-rs cluster client, for checks and fault injection.
     pub fn client(&self) -> redis::cluster::ClusterClient {
         let builder = redis::cluster::ClusterClientBuilder::new(self.urls());
@@ -723,6 +787,16 @@ impl SentinelSet {
     }
 }
 
+/// Sends `signal` (e.g. "-STOP", "-CONT") to a running server's process.
+pub fn send_signal(server: &RedisServer, signal: &str) {
+    let pid = server.pid().expect("a running server");
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -767,14 +841,4 @@ mod tests {
         );
         assert_eq!(parse_server_version("redis-server, no version"), None);
     }
-}
-
-/// Sends `signal` (e.g. "-STOP", "-CONT") to a running server's process.
-pub fn send_signal(server: &RedisServer, signal: &str) {
-    let pid = server.pid().expect("a running server");
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} {pid}");
 }

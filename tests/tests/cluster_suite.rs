@@ -221,3 +221,201 @@ async fn waiters_follow_the_slot_after_its_master_crashes() {
     let (now_serving, _) = cluster.shard_of(replica, &format!("lock:{{{key}}}"));
     assert_eq!(now_serving, replica, "the replica took over the slot");
 }
+
+/// A waiter waits (subscribed in the key's slot) for `key`, which `holder` holds for 30 s;
+/// `moving` moves the slot to another node; then the release must reach the waiter within
+/// 5 s, not at the holder's ttl. Redis 7 ends the sharded subscriptions of a slot a node
+/// gives up, and the client then forgets them: the waiter's subscriber must subscribe again.
+async fn waiter_hears_a_release_after_the_slot_moves(
+    store: &TestStore,
+    key: &str,
+    moving: impl FnOnce(),
+) {
+    let holder = store.runtime().await;
+    let waiter = store.runtime().await;
+    let guard = holder
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        async move {
+            waiter
+                .lock(key)
+                .acquire_timeout(Duration::from_secs(25))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    moving();
+    // The clients learn the new topology (MOVED, their refresh) meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "the lock is still held");
+    let released = tokio::time::Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match guard.extend(Duration::from_secs(30)).await {
+            Ok(true) => break,
+            Ok(false) => panic!("the holder lost `{key}` while its slot moved"),
+            Err(e) if tries < 50 => {
+                eprintln!("while the slot settles: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the holder cannot reach the slot's new node: {e}"),
+        }
+    }
+    assert!(guard.release().await.expect("release"));
+    let got = waiting
+        .await
+        .expect("task")
+        .expect("the waiter got the lock");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter got the lock {took:?} after the release: its subscription was lost"
+    );
+    got.release().await.expect("release");
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}
+
+/// A planned CLUSTER FAILOVER of the key's slot (its master stays up, as a replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_follow_the_slot_through_a_planned_failover() {
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    let key = "planned-failover";
+    let record = format!("lock:{{{key}}}");
+    let (_, replica) = cluster.master_and_replica_of(&record);
+    waiter_hears_a_release_after_the_slot_moves(&store, key, || {
+        let mut conn = cluster.nodes[replica]
+            .client()
+            .get_connection()
+            .expect("connect to the replica");
+        let _: () = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query(&mut conn)
+            .expect("CLUSTER FAILOVER");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cluster.shard_of(replica, &record).0 != replica {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the failover did not happen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await;
+}
+
+/// A manual migration of the key's slot to another master (a resharding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_follow_the_slot_through_a_migration() {
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    let key = "migrated-slot";
+    let record = format!("lock:{{{key}}}");
+    let (from, _) = cluster.shard_of(0, &record);
+    // Another master: one that serves some other slot.
+    let to = (0..cluster.nodes.len())
+        .find(|&n| {
+            n != from && {
+                let (serving, _) = cluster.shard_of(0, &format!("other-{n}"));
+                serving == n
+            }
+        })
+        .or_else(|| {
+            (0..200).find_map(|i| {
+                let (serving, _) = cluster.shard_of(0, &format!("probe-{i}"));
+                (serving != from).then_some(serving)
+            })
+        })
+        .expect("another master");
+    waiter_hears_a_release_after_the_slot_moves(&store, key, || {
+        cluster.migrate_slot_of(&record, to);
+    })
+    .await;
+}
+
+/// The documented ACL rule, on every node, for the waiting runtime, while the holder and an
+/// operator use the default user: every runtime chooses the same kind of pub/sub whatever its
+/// rights (the probe publishes inside the namespace), so a restricted waiter wakes on a
+/// release and on an operator's forced release within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restricted_waiter_hears_releases_of_unrestricted_runtimes() {
+    const RULE: &str = "on >s3cret-lock-pw ~lock:* &lock:* -@all +ping +hello +evalsha +eval \
+        +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait +pttl +type \
+        +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish \
+        +cluster|slots +cluster|shards +cluster|nodes +readonly +asking";
+    let store = TestStore::cluster();
+    let TestStore::Cluster(cluster) = &store else {
+        unreachable!("made as a cluster")
+    };
+    for node in &cluster.nodes {
+        let mut conn = node.client().get_connection().expect("connect");
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("locker");
+        for part in RULE.split_whitespace() {
+            setuser.arg(part);
+        }
+        let _: () = setuser.query(&mut conn).expect("ACL SETUSER");
+    }
+    let restricted = LockRuntime::builder()
+        .redis_cluster(
+            cluster
+                .nodes
+                .iter()
+                .map(|n| format!("redis://locker:s3cret-lock-pw@127.0.0.1:{}", n.port())),
+        )
+        .build()
+        .await
+        .expect("build as the restricted user");
+    let holder = store.runtime().await;
+    for (i, forced) in [false, true].into_iter().enumerate() {
+        let key = format!("restricted-{i}");
+        let guard = holder
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        let waiting = tokio::spawn({
+            let (restricted, key) = (restricted.clone(), key.clone());
+            async move {
+                restricted
+                    .lock(key)
+                    .acquire_timeout(Duration::from_secs(20))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let released = tokio::time::Instant::now();
+        if forced {
+            assert!(holder.force_release(&key).await.expect("force release"));
+        } else {
+            assert!(guard.release().await.expect("release"));
+        }
+        let got = waiting
+            .await
+            .expect("task")
+            .expect("the waiter got the lock");
+        let took = released.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "the restricted waiter got `{key}` {took:?} after the {} (ttl 30 s)",
+            if forced { "forced release" } else { "release" }
+        );
+        got.release().await.expect("release");
+    }
+    restricted.shutdown().await;
+    holder.shutdown().await;
+}

@@ -123,3 +123,55 @@ async fn authentication_works_and_a_wrong_password_is_never_printed() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Endpoints that can never work are configuration errors at `build()` (not backend errors,
+/// and never transient: a caller retrying transient errors would retry them for ever), and a
+/// password written into an endpoint shows nowhere: not in the builder's `Debug`, not in the
+/// error. etcd takes credentials from `etcd_user` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_endpoints_are_config_errors_without_their_password() {
+    const SECRET: &str = "3ndp0int-s3cret";
+    for endpoint in [
+        format!("http://root:{SECRET}@127.0.0.1:2379"),
+        format!("root:{SECRET}@127.0.0.1:2379"),
+        "http://127.0.0.1:notaport".to_owned(),
+        "http://127.0.0.1".to_owned(),
+        "ftp://127.0.0.1:2379".to_owned(),
+        "http://:2379".to_owned(),
+        "http://127.0.0.1:2379/v3/kv".to_owned(),
+        "not an endpoint".to_owned(),
+    ] {
+        let builder = LockRuntime::builder().etcd([endpoint.clone()]);
+        let debug = format!("{builder:?}");
+        assert!(!debug.contains(SECRET), "the password leaked: {debug}");
+        let err = builder
+            .build()
+            .await
+            .map(|_| ())
+            .expect_err("an unusable endpoint");
+        assert!(matches!(err, LockError::Config(_)), "{endpoint}: {err:?}");
+        for shown in [err.to_string(), format!("{err:?}")] {
+            assert!(!shown.contains(SECRET), "the password leaked: {shown}");
+        }
+    }
+}
+
+/// `etcd_user` over plain http sends the password (and every auth token) in clear: the
+/// runtime says so in the log, once at build().
+#[tokio::test]
+async fn a_password_over_plain_http_is_warned_about() {
+    let captured = lock_tests::LogCapture::default();
+    let _default = captured.install();
+    let cluster = EtcdCluster::start(1);
+    with_auth(&cluster).await;
+    let runtime = LockRuntime::builder()
+        .etcd(cluster.endpoints())
+        .etcd_user("root", PASSWORD)
+        .build()
+        .await
+        .expect("build with the password");
+    runtime.shutdown().await;
+    let logs = captured.text();
+    assert!(logs.contains("in clear"), "no warning: {logs}");
+    assert!(!logs.contains(PASSWORD), "the password leaked: {logs}");
+}

@@ -45,6 +45,24 @@ async fn bad_urls_and_names_are_config_errors_without_the_password() {
     assert!(matches!(err, LockError::Config(_)), "{text}");
     assert!(!text.contains("hunter2"), "{text}");
 
+    // No host at all: it can never connect, so a configuration error (a transient one would be
+    // retried for ever by a caller that retries transient build() errors).
+    for url in [
+        "postgres:///db",
+        "postgres://app:hunter2@/db",
+        "user=app dbname=db",
+    ] {
+        let err = LockRuntime::builder()
+            .postgres(url)
+            .build()
+            .await
+            .expect_err("no host");
+        let text = err.to_string();
+        assert!(matches!(err, LockError::Config(_)), "{url}: {text}");
+        assert!(text.contains("no host"), "{url}: {text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
     // No form of a password is shown: in the user part, as a parameter, spaced or quoted.
     for url in [
         "postgres://app:hunter2@127.0.0.1:5432/db",
@@ -548,4 +566,53 @@ async fn a_driver_config_the_service_built_is_accepted() {
     assert!(text.contains("password authentication failed"), "{text}");
     assert!(!text.contains("wrong-password-5772"), "{text}");
     rt.shutdown().await;
+}
+
+/// Rows that hold nothing (crashed holders, rows kept for min_hold, expired done markers) are
+/// all swept, however many: the table stays bounded by what is live whatever the rate at which
+/// such rows come. 5,000 of them, then three runtimes built at once (each sweeps at build, as
+/// every minute after): every expired row is gone, the live done marker stays. A sweep that
+/// deleted at most 1,000 rows a minute, the same rows for runtimes sweeping at once, let a
+/// table that gains more than that grow without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_expired_row_is_swept_however_many() {
+    let server = PostgresServer::start();
+    let a = server.runtime("a").await;
+    let guard = a
+        .lock("once-job")
+        .once(Duration::from_secs(600))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(guard.complete().await.expect("complete"));
+    server
+        .client()
+        .await
+        .batch_execute(
+            "INSERT INTO lock_records (key, token, owner, fence, acquired_at, expires_at,
+                                       min_hold_until, done_until)
+             SELECT 'lock:{gone-' || i || '}',
+                    CASE WHEN i % 3 = 0 THEN NULL ELSE md5(i::text) END, 'gone', i,
+                    now() - interval '1 hour', now() - interval '5 seconds',
+                    now() - interval '5 seconds',
+                    CASE WHEN i % 3 = 1 THEN now() - interval '2 seconds' END
+             FROM generate_series(1, 5000) i",
+        )
+        .await
+        .expect("inserting expired rows");
+    assert_eq!(rows(&server).await, 5001);
+    let (b, c, d) = tokio::join!(
+        server.runtime("b"),
+        server.runtime("c"),
+        server.runtime("d")
+    );
+    assert_eq!(
+        rows(&server).await,
+        1,
+        "every expired row swept, the live marker kept"
+    );
+    for runtime in [a, b, c, d] {
+        runtime.shutdown().await;
+    }
 }

@@ -244,3 +244,51 @@ on_every_store!(
     a_failed_completion_still_marks_the_work_done,
     shutdown_waits_for_acquires_in_flight,
 );
+
+/// A release that Redis carried out but whose answer was lost (the connection dropped on the
+/// way back) is sent again, and the second send finds the record gone: `release()` must still
+/// say it released the lock (`Ok(true)`), not that it was no longer ours; the same for an
+/// operator's forced release (lockctl's `release --force`). Redis only: the retry is its
+/// connection's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_still_reports_it_released() {
+    let rig = Rig::redis();
+    let slow = rig.slow(Duration::from_secs(3)).await;
+    let direct = rig.direct().await;
+    for forced in [false, true] {
+        let key = format!("answer-lost-{forced}");
+        let guard = slow
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        // Answers held back 600 ms; the connection drops while this one is held back.
+        rig.proxy.set_reply_latency(Duration::from_millis(600));
+        let dropper = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            rig.proxy.set_reply_latency(Duration::ZERO);
+            rig.proxy.drop_connections_and_what_they_hold();
+        };
+        let released = if forced {
+            let (released, ()) = tokio::join!(slow.force_release(&key), dropper);
+            drop(guard);
+            released
+        } else {
+            let (released, ()) = tokio::join!(guard.release(), dropper);
+            released
+        };
+        assert!(
+            matches!(released, Ok(true)),
+            "the {} was carried out, only its answer was lost: {released:?}",
+            if forced { "forced release" } else { "release" }
+        );
+        assert!(
+            direct.inspect(&key).await.expect("inspect").is_none(),
+            "`{key}` is free"
+        );
+    }
+    slow.shutdown().await;
+    direct.shutdown().await;
+}

@@ -71,3 +71,101 @@ async fn four_runtimes_wake_about_one_attempt_each_per_handoff() {
     println!("4 runtimes x 4 waiters: {per:.2} acquire attempts per acquisition");
     assert!(per <= 2.0 * 4.0 + 1.0, "{per:.2} attempts per acquisition");
 }
+
+/// Subscribers on the server for `channel` (PUBSUB NUMSUB).
+async fn subscribers(server: &RedisServer, channel: &str) -> i64 {
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let (_, count): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    count
+}
+
+/// A waiter that gives up while the link to Redis is cut cannot unsubscribe then; once the
+/// link is back, its subscription must not outlive it (the client would otherwise renew it at
+/// every reconnect for the life of the process): the server counts no subscriber left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_during_a_cut_leaves_no_subscription() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let holder = LockRuntime::builder()
+        .redis(server.url())
+        .build()
+        .await
+        .expect("build");
+    let waiting = LockRuntime::builder()
+        .redis(proxy.url())
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("build");
+    let guard = holder
+        .lock("gave-up")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let channel = "lock:{gave-up}:released";
+    let waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            waiting
+                .lock("gave-up")
+                .acquire_timeout(Duration::from_secs(2))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        subscribers(&server, channel).await,
+        1,
+        "the waiter subscribed"
+    );
+    proxy.refuse(true);
+    proxy.drop_connections();
+    let gave_up = waiter.await.expect("task");
+    assert!(gave_up.is_err(), "the lock is held: {gave_up:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.refuse(false);
+    // The subscriber reconnects (and renews what it still has); within a few seconds no
+    // subscription of the given-up waiter may be left.
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut left = subscribers(&server, channel).await;
+    while left > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = subscribers(&server, channel).await;
+    }
+    // And it stays that way: the reconnect is over, not still to come.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = subscribers(&server, channel).await;
+    assert_eq!(
+        (left, later),
+        (0, 0),
+        "the given-up waiter's subscription was left on the server"
+    );
+    // The waiting runtime still works once the link is back.
+    let taken = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            waiting
+                .lock("gave-up")
+                .acquire_timeout(Duration::from_secs(10))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.release().await.expect("release"));
+    let taken = taken.await.expect("task").expect("the waiter gets it");
+    taken.release().await.expect("release");
+    waiting.shutdown().await;
+    holder.shutdown().await;
+}

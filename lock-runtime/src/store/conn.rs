@@ -95,6 +95,63 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// The command connection for one call whose answer must tell "done by a send whose answer
+/// was lost" from "never ours" (a release, an operator's forced release): it notes whether
+/// the command was sent again after its connection broke. (A Cluster connection retries
+/// inside the client, unseen here.)
+pub(crate) struct NotingConn {
+    conn: Conn,
+    retried: bool,
+}
+
+impl Conn {
+    pub(crate) fn noting_retries(&self) -> NotingConn {
+        NotingConn {
+            conn: self.clone(),
+            retried: false,
+        }
+    }
+}
+
+impl NotingConn {
+    /// True when a command went out again after its connection broke under it: the first
+    /// send may have been carried out, its answer lost.
+    pub(crate) fn retried(&self) -> bool {
+        self.retried
+    }
+}
+
+impl ConnectionLike for NotingConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            match &mut self.conn {
+                Conn::Single(c) => match c.req_packed_command(cmd).await {
+                    Err(e) if worth_one_retry(&e) => {
+                        self.retried = true;
+                        c.req_packed_command(cmd).await
+                    }
+                    other => other,
+                },
+                Conn::Cluster(c) => c.req_packed_command(cmd).await,
+                Conn::Sentinel(c) => c.0.request_noting(cmd, &mut self.retried).await,
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.conn.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
 /// The subscription connection: plain SUBSCRIBE on one server; on a Cluster, sharded
 /// SSUBSCRIBE where every node runs Redis 7.0 or newer, where the release channel lives in the
 /// lock's own slot. Sharded pub/sub sends a release only to the shard that owns the slot,

@@ -173,8 +173,18 @@ impl EtcdStore {
         if options.endpoints.is_empty() {
             return Err(LockError::config("etcd needs at least one endpoint"));
         }
+        for endpoint in &options.endpoints {
+            check_endpoint(endpoint)?;
+        }
         let shown = options.endpoints.join(", ");
         let secrets: Vec<String> = options.user.iter().map(|(_, p)| p.clone()).collect();
+        if options.user.is_some() && options.endpoints.iter().any(|e| !e.starts_with("https://")) {
+            tracing::warn!(
+                endpoints = %shown,
+                "etcd_user over plain http: the password and the auth token cross the network \
+                 in clear; use https:// endpoints"
+            );
+        }
         // HTTP/2 pings find a connection that died without a word (a half-open TCP
         // connection, a member cut off); require-leader makes a member without a leader refuse
         // (and cancel the watches on it) instead of serving or holding them.
@@ -248,7 +258,7 @@ impl LockStore for EtcdStore {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let context = format!("acquire of `{}` failed", r.names.key());
         let record = r.names.record();
-        let lease = self.conn.grant(r.ttl, &context).await?;
+        let lease = self.conn.grant_record(r.ttl, &context).await?;
         let hold = if r.min_hold.is_zero() {
             None
         } else {
@@ -553,6 +563,47 @@ impl EtcdStore {
 
 /// TLS for `https://` endpoints (cargo feature `tls`), verified against `tls_root_cert` or
 /// else the system's roots. Endpoints are all `https://` or all plain.
+/// An endpoint is `http://host:port`, `https://host:port` or `host:port` (a trailing `/`
+/// allowed); anything else is a configuration error, named without any credentials it
+/// carries (etcd takes them from `etcd_user`, never from the endpoint).
+fn check_endpoint(endpoint: &str) -> Result<(), LockError> {
+    let shown = crate::config::redact_url(endpoint);
+    let bad = |why: &str| {
+        LockError::config(format!(
+            "cannot use etcd endpoint `{shown}`: {why}; expected http://host:port, \
+             https://host:port or host:port"
+        ))
+    };
+    let authority = match endpoint.split_once("://") {
+        Some(("http" | "https", rest)) => rest,
+        Some(_) => return Err(bad("unknown scheme")),
+        None => endpoint,
+    };
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if authority.contains('@') {
+        return Err(bad(
+            "credentials go to etcd_user(user, password), not into the endpoint",
+        ));
+    }
+    if authority.contains(['/', '?', '#']) {
+        return Err(bad("a path or query has no meaning here"));
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(bad("no port"));
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(bad("no host"));
+    }
+    if port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(bad("the port is not a number from 1 to 65535"));
+    }
+    Ok(())
+}
+
 fn tls(options: &EtcdOptions, connect: ConnectOptions) -> Result<ConnectOptions, LockError> {
     let secure = options
         .endpoints

@@ -91,6 +91,13 @@ impl ReleaseHub {
         channels.keys().cloned().collect()
     }
 
+    /// True when someone watches `channel` now.
+    pub(crate) fn is_watched(&self, channel: &str) -> bool {
+        lock(&self.channels)
+            .get(channel)
+            .is_some_and(|w| w.strong_count() > 0)
+    }
+
     /// True when nobody watches `channel` any more; the entry is dropped.
     pub(crate) fn forget_if_unwatched(&self, channel: &str) -> bool {
         let mut channels = lock(&self.channels);

@@ -143,6 +143,14 @@ impl PostgresStore {
             }
             PostgresTarget::Config(config) => *config,
         };
+        if config.get_hosts().is_empty() {
+            // The driver would only fail at connect, every time: a transient-looking error
+            // that a caller retrying build() would retry for ever.
+            return Err(LockError::config(
+                "the PostgreSQL URL names no host: give one (postgres://user@host/db, or \
+                 host=/run/postgresql for a Unix socket)",
+            ));
+        }
         let tls = tls::connector(&mut config, options.tls_root_cert.as_deref())?;
         let shown = shown_config(&config);
         // A peer that vanished without a word (a host crash, a moved address) is noticed in

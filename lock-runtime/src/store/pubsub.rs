@@ -3,9 +3,10 @@
 //! connection performs every (un)subscription in order and turns what the connection reports
 //! into wake-ups, so that no release is missed across a reconnect.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -21,6 +22,11 @@ pub enum PubSubEvent {
     /// The server confirmed a subscription to this channel: one the [`Subscriber`] asked for,
     /// or one the connection renewed by itself after reconnecting.
     Subscribed(String),
+    /// The subscription to this channel ended: one the [`Subscriber`] asked to end, or one the
+    /// server ended by itself (Redis Cluster ends the sharded subscriptions of a slot that
+    /// moves to another node, by a failover or a resharding). A channel still watched is
+    /// subscribed again, and its watchers are woken.
+    Unsubscribed(String),
     /// The connection dropped: announcements may be lost until each channel is
     /// [`Subscribed`](PubSubEvent::Subscribed) again.
     Disconnected,
@@ -153,66 +159,185 @@ fn stopped() -> LockError {
     BackendError::new("the subscriber connection's task has stopped").into()
 }
 
+/// A (un)subscription that failed, to be made again later.
+#[derive(Debug)]
+enum Retry {
+    Subscribe(String, u32),
+    Unsubscribe(String, u32),
+}
+
+/// How often a failed (un)subscription is made again, and the pause before the first retry
+/// (doubling up to [`LAST_RETRY`]): some five minutes in all, so a subscription is not left
+/// behind after an outage of that length, and the retries end.
+const RETRIES: u32 = 150;
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(2);
+
+/// The task's state besides the connection.
+struct Task<C> {
+    conn: C,
+    /// Channels watched when the connection dropped and not yet confirmed again.
+    unconfirmed: HashSet<String>,
+    /// Unsubscribes this task sent whose end the connection has not reported yet, by channel:
+    /// an end reported beyond them was the server's own doing. Emptied at a drop (the server
+    /// forgot every subscription then), and when it grows large (a connection that never
+    /// reports ends).
+    ours: HashMap<String, u32>,
+    retry: mpsc::UnboundedSender<Retry>,
+}
+
+/// Unsubscribes waiting for their report that [`Task::ours`] keeps at most.
+const OURS_KEPT: usize = 10_000;
+
+impl<C: PubSubConnection> Task<C> {
+    async fn subscribe(&mut self, hub: &ReleaseHub, channel: &str, attempt: u32) {
+        match self.conn.subscribe(channel).await {
+            // A release announced while it was not subscribed was not heard.
+            Ok(()) => hub.notify(channel),
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "subscribing again failed; trying again later");
+                hub.notify(channel);
+                self.later(Retry::Subscribe(channel.to_owned(), attempt + 1), attempt);
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str, attempt: u32) {
+        if self.ours.len() >= OURS_KEPT {
+            self.ours.clear();
+        }
+        *self.ours.entry(channel.to_owned()).or_default() += 1;
+        if let Err(e) = self.conn.unsubscribe(channel).await {
+            // Left as it is, the connection would renew it at every reconnect for the life of
+            // the process.
+            tracing::debug!(channel, error = %e, "unsubscribing failed; trying again later");
+            self.later(Retry::Unsubscribe(channel.to_owned(), attempt + 1), attempt);
+        }
+    }
+
+    fn later(&self, retry: Retry, attempt: u32) {
+        if attempt >= RETRIES {
+            return;
+        }
+        let pause = FIRST_RETRY
+            .saturating_mul(1 << attempt.min(4))
+            .min(LAST_RETRY);
+        let to = self.retry.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            let _ = to.send(retry);
+        });
+    }
+
+    async fn on_event(&mut self, hub: &ReleaseHub, event: PubSubEvent) {
+        match event {
+            PubSubEvent::Message(channel) => hub.notify(&channel),
+            PubSubEvent::Subscribed(channel) => {
+                if self.unconfirmed.remove(&channel) {
+                    hub.notify(&channel);
+                } else if !hub.is_watched(&channel) {
+                    // Renewed by the connection for nobody (its unsubscribe failed, or came
+                    // while it was down): end it.
+                    self.unsubscribe(&channel, 0).await;
+                }
+            }
+            PubSubEvent::Unsubscribed(channel) => {
+                if let Some(pending) = self.ours.get_mut(&channel) {
+                    *pending -= 1;
+                    if *pending == 0 {
+                        self.ours.remove(&channel);
+                    }
+                } else if hub.is_watched(&channel) {
+                    tracing::debug!(
+                        channel,
+                        "the server ended a watched subscription; subscribing again"
+                    );
+                    self.subscribe(hub, &channel, 0).await;
+                }
+            }
+            PubSubEvent::Disconnected => {
+                // Only what is watched now: a channel nobody waits on any more is not
+                // renewed, and must not linger here.
+                let watched = hub.channels();
+                self.unconfirmed = watched.iter().cloned().collect();
+                self.ours.clear();
+                hub.notify_all();
+                if self.conn.disconnected(&watched).await {
+                    self.unconfirmed.clear();
+                    hub.notify_all();
+                }
+            }
+        }
+    }
+
+    async fn on_command(&mut self, hub: &ReleaseHub, command: Command) {
+        match command {
+            Command::Subscribe(channel, ack) => {
+                let _ = ack.send(self.conn.subscribe(&channel).await);
+            }
+            Command::Unsubscribe(channel) => {
+                // A watcher may have come back for it meanwhile.
+                if hub.forget_if_unwatched(&channel) {
+                    self.unconfirmed.remove(&channel);
+                    self.unsubscribe(&channel, 0).await;
+                }
+            }
+            Command::Requeue(channel) => {
+                // Redis delivers a message to subscribers in subscription order, so the first
+                // subscriber's waiters would always win the race for a released lock. Moving
+                // to the back after each win rotates the advantage between runtimes. (A
+                // release announced between the two is not heard: the subscribe wakes its
+                // watchers to look again.)
+                self.unsubscribe(&channel, 0).await;
+                self.subscribe(hub, &channel, 0).await;
+            }
+        }
+    }
+
+    async fn on_retry(&mut self, hub: &ReleaseHub, retry: Retry) {
+        match retry {
+            Retry::Subscribe(channel, attempt) if hub.is_watched(&channel) => {
+                self.subscribe(hub, &channel, attempt).await;
+            }
+            Retry::Unsubscribe(channel, attempt) if !hub.is_watched(&channel) => {
+                self.unsubscribe(&channel, attempt).await;
+            }
+            // Watched again, or no longer: nothing left to do.
+            _ => {}
+        }
+    }
+}
+
 /// The task: reports before commands at each turn (a fixed order, so a simulation replays).
 async fn run(
-    mut conn: impl PubSubConnection,
+    conn: impl PubSubConnection,
     mut events: mpsc::UnboundedReceiver<PubSubEvent>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     hub: Weak<ReleaseHub>,
 ) {
-    // Channels watched when the connection dropped and not yet confirmed again.
-    let mut unconfirmed: HashSet<String> = HashSet::new();
+    let (retry, mut retries) = mpsc::unbounded_channel();
+    let mut task = Task {
+        conn,
+        unconfirmed: HashSet::new(),
+        ours: HashMap::new(),
+        retry,
+    };
     loop {
         tokio::select! {
             biased;
             event = events.recv() => {
                 let Some(event) = event else { break };
                 let Some(hub) = hub.upgrade() else { break };
-                match event {
-                    PubSubEvent::Message(channel) => hub.notify(&channel),
-                    PubSubEvent::Subscribed(channel) => {
-                        if unconfirmed.remove(&channel) {
-                            hub.notify(&channel);
-                        }
-                    }
-                    PubSubEvent::Disconnected => {
-                        // Only what is watched now: a channel nobody waits on any more is not
-                        // renewed, and must not linger here.
-                        let watched = hub.channels();
-                        unconfirmed = watched.iter().cloned().collect();
-                        hub.notify_all();
-                        if conn.disconnected(&watched).await {
-                            unconfirmed.clear();
-                            hub.notify_all();
-                        }
-                    }
-                }
+                task.on_event(&hub, event).await;
             }
             command = commands.recv() => {
                 let Some(command) = command else { break };
                 let Some(hub) = hub.upgrade() else { break };
-                match command {
-                    Command::Subscribe(channel, ack) => {
-                        let _ = ack.send(conn.subscribe(&channel).await);
-                    }
-                    Command::Unsubscribe(channel) => {
-                        // A watcher may have come back for it meanwhile.
-                        if hub.forget_if_unwatched(&channel) {
-                            unconfirmed.remove(&channel);
-                            let _ = conn.unsubscribe(&channel).await;
-                        }
-                    }
-                    Command::Requeue(channel) => {
-                        // Redis delivers a message to subscribers in subscription order, so
-                        // the first subscriber's waiters would always win the race for a
-                        // released lock. Moving to the back after each win rotates the
-                        // advantage between runtimes.
-                        let _ = conn.unsubscribe(&channel).await;
-                        let _ = conn.subscribe(&channel).await;
-                        // A release announced between the two was not heard: retry.
-                        hub.notify(&channel);
-                    }
-                }
+                task.on_command(&hub, command).await;
+            }
+            Some(retry) = retries.recv() => {
+                let Some(hub) = hub.upgrade() else { break };
+                task.on_retry(&hub, retry).await;
             }
         }
     }

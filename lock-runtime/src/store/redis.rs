@@ -37,6 +37,9 @@ pub(crate) struct RedisOptions {
     pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    /// The runtime's key namespace: a Cluster's sharded pub/sub probe publishes inside it,
+    /// where the documented ACL rule (`&<namespace>:*`) lets every lock user publish.
+    pub(crate) namespace: String,
 }
 
 impl RedisOptions {
@@ -53,6 +56,7 @@ impl RedisOptions {
             tls_root_cert: None,
             connect_timeout,
             command_timeout,
+            namespace: "lock".to_owned(),
         }
     }
 }
@@ -223,7 +227,9 @@ impl RedisBackend {
             // version: every runtime of a deployment must choose alike (a sharded release
             // never reaches a classic subscriber), whether or not its user may run INFO.
             let sharded = if options.cluster {
-                version::answers_spublish(&mut conn).await.map_err(Ok)?
+                version::answers_spublish(&mut conn, &options.namespace)
+                    .await
+                    .map_err(Ok)?
             } else {
                 false
             };
@@ -471,7 +477,7 @@ impl RedisBackend {
         token: &str,
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.noting_retries();
         let reply = ReleaseCall::new(
             self.scripts.clone(),
             names,
@@ -485,6 +491,13 @@ impl RedisBackend {
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
+            // Sent again after its connection broke: the first send was carried out and its
+            // answer lost (only an operator's forced release in the same instant, or a server
+            // that lost the record, reads the same), so the token's record was already gone.
+            _ if conn.retried() => {
+                tracing::debug!(key = %names.key, "release: its first answer was lost; the lock was released by that send");
+                ReleaseOutcome::Released
+            }
             _ => ReleaseOutcome::NotOwner,
         })
     }

@@ -210,9 +210,21 @@ impl SentinelConn {
     /// sentinels again and retries once. Every command the runtime sends is safe to repeat:
     /// acquire re-grants to the same token, renewals and releases are token-checked.
     pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        self.request_noting(cmd, &mut false).await
+    }
+
+    /// As [`request`](Self::request), and sets `retried` when the command went out again
+    /// after the first send failed on a broken connection (that send may have been carried
+    /// out, its answer lost).
+    pub(crate) async fn request_noting(
+        &self,
+        cmd: &Cmd,
+        retried: &mut bool,
+    ) -> Result<Value, RedisError> {
         let (addr, mut conn) = self.master().await?;
         match conn.req_packed_command(cmd).await {
             Err(e) if self.note_failure(&addr, &e) => {
+                *retried |= !e.is_connection_refusal();
                 let (addr, mut conn) = self.master().await?;
                 let retried = conn.req_packed_command(cmd).await;
                 if let Err(e) = &retried {

@@ -75,6 +75,19 @@ impl Conn {
     }
 
     pub(super) async fn grant(&self, ttl: Duration, what: &str) -> Result<i64, LockError> {
+        self.granted_lease(ttl, what).await.map(|(id, _)| id)
+    }
+
+    /// A lease for a lock's record (the acquire's, or one a renewal moves the key onto), as
+    /// [`grant`](Self::grant), remembered with the ttl it was granted.
+    pub(super) async fn grant_record(&self, ttl: Duration, what: &str) -> Result<i64, LockError> {
+        let (id, secs) = self.granted_lease(ttl, what).await?;
+        self.remember_granted(id, secs);
+        Ok(id)
+    }
+
+    /// A new lease of `ttl` (whole seconds, rounded up), and the ttl etcd granted it.
+    async fn granted_lease(&self, ttl: Duration, what: &str) -> Result<(i64, i64), LockError> {
         let secs = lease_secs(ttl);
         let granted = self
             .send(|mut c| async move { c.lease_grant(secs, None).await })
@@ -84,12 +97,16 @@ impl Conn {
             self.min_lease_secs
                 .fetch_max(granted.ttl(), Ordering::Relaxed);
         }
+        Ok((granted.id(), granted.ttl()))
+    }
+
+    /// Remembers the ttl `lease` was granted (from its grant, or a read of its time to live).
+    pub(super) fn remember_granted(&self, lease: i64, secs: i64) {
         let mut remembered = self.granted.lock().unwrap_or_else(PoisonError::into_inner);
         if remembered.len() >= GRANTED_REMEMBERED {
             remembered.clear();
         }
-        remembered.insert(granted.id(), granted.ttl());
-        Ok(granted.id())
+        remembered.insert(lease, secs);
     }
 
     /// The ttl `lease` was granted, when this store granted it and still remembers.

@@ -32,18 +32,28 @@ const CHUNKS_AT_ONCE: usize = 4;
 /// away, and the leases not answered by then read `Unknown` (the watchdog tries them again
 /// soon) instead of the whole batch failing, which would lose every lease in it.
 pub(super) async fn extend(conn: &Arc<Conn>, items: &[ExtendItem]) -> Vec<Renewal> {
-    let deadline = Instant::now() + conn.options.command_timeout * 3 / 4;
+    let started = Instant::now();
+    let deadline = started + conn.options.command_timeout * 3 / 4;
+    // A chunk stops waiting for its slowest keep-alives here and confirms those that finished,
+    // so one slow key cannot make its whole chunk unknown.
+    let confirm_by = started + conn.options.command_timeout / 2;
     let mut answers =
         vec![
             Renewal::Unknown("the renewal was not answered within the command timeout".to_owned());
             items.len()
         ];
-    let _ = tokio::time::timeout_at(deadline, renew_all(conn, items, &mut answers)).await;
+    let _ =
+        tokio::time::timeout_at(deadline, renew_all(conn, items, confirm_by, &mut answers)).await;
     answers
 }
 
 /// Fills `answers` chunk by chunk as the chunks finish, a few chunks at once.
-async fn renew_all(conn: &Arc<Conn>, items: &[ExtendItem], answers: &mut [Renewal]) {
+async fn renew_all(
+    conn: &Arc<Conn>,
+    items: &[ExtendItem],
+    confirm_by: Instant,
+    answers: &mut [Renewal],
+) {
     let keep_alives = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
     let mut chunks = JoinSet::new();
     for (chunk_no, chunk) in items.chunks(MAX_TXN_OPS).enumerate() {
@@ -55,7 +65,10 @@ async fn renew_all(conn: &Arc<Conn>, items: &[ExtendItem], answers: &mut [Renewa
         let (conn, chunk, keep_alives) = (conn.clone(), chunk.to_vec(), keep_alives.clone());
         chunks.spawn(async move {
             let first = chunk_no * MAX_TXN_OPS;
-            (first, renew_chunk(&conn, &chunk, &keep_alives).await)
+            (
+                first,
+                renew_chunk(&conn, &chunk, &keep_alives, confirm_by).await,
+            )
         });
     }
     while let Some(joined) = chunks.join_next().await {
@@ -84,6 +97,7 @@ async fn renew_chunk(
     conn: &Arc<Conn>,
     chunk: &[ExtendItem],
     keep_alives: &Arc<tokio::sync::Semaphore>,
+    confirm_by: Instant,
 ) -> Vec<Renewal> {
     let context = "lease renewal failed";
     let read = match conn.txn(read_all(chunk), context).await {
@@ -110,20 +124,35 @@ async fn renew_chunk(
         )));
         let (conn, item, keep_alives) = (conn.clone(), item.clone(), keep_alives.clone());
         tasks.spawn(async move {
-            let Ok(_permit) = keep_alives.acquire_owned().await else {
+            let Ok(permit) = keep_alives.acquire_owned().await else {
                 return (
                     i,
                     Step::Answer(Renewal::Unknown("shutting down".to_owned())),
                 );
             };
-            (i, renew(&conn, &item, kv).await)
+            // Detached: a renewal cut off by the deadline still finishes (each of its calls is
+            // bounded by the command timeout) while holding its key's renewal lock. Cut off
+            // mid-move, its move could otherwise land after a later renewal had read the key
+            // and answered for the old lease, leaving the key on a shorter one.
+            let renewal = tokio::spawn(async move {
+                let step = renew(&conn, &item, kv).await;
+                drop(permit);
+                step
+            });
+            let step = renewal.await.unwrap_or_else(|_| {
+                Step::Answer(Renewal::Unknown("the renewal did not finish".to_owned()))
+            });
+            (i, step)
         });
     }
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok((i, step)) = joined {
-            steps[i] = step;
+    let finished = async {
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok((i, step)) = joined {
+                steps[i] = step;
+            }
         }
-    }
+    };
+    let _ = tokio::time::timeout_at(confirm_by, finished).await;
     // Confirm every lease renewed above in one read, made after all their keep-alives.
     let to_confirm: Vec<usize> = steps
         .iter()
@@ -150,13 +179,17 @@ async fn renew_chunk(
         .enumerate()
         .map(|(i, step)| match step {
             Step::Answer(answer) => answer,
-            Step::Confirm(lease) => match confirmed.remove(&i).flatten() {
-                Some(kv) if ours(&kv, &chunk[i].token) && kv.lease() == lease => Renewal::Renewed,
+            Step::Confirm(lease) => match confirmed.remove(&i) {
+                Some(Some(kv)) if ours(&kv, &chunk[i].token) && kv.lease() == lease => {
+                    Renewal::Renewed
+                }
                 // Moved to another lease of ours meanwhile: the next renewal follows it.
-                Some(kv) if ours(&kv, &chunk[i].token) => {
+                Some(Some(kv)) if ours(&kv, &chunk[i].token) => {
                     Renewal::Unknown("the key moved to another lease meanwhile".to_owned())
                 }
-                _ => Renewal::NotOurs,
+                Some(_) => Renewal::NotOurs,
+                // No answer for it: etcd answers every read, so this says nothing.
+                None => Renewal::Unknown("the confirming read did not answer for it".to_owned()),
             },
         })
         .collect()
@@ -194,6 +227,13 @@ async fn renew(conn: &Conn, item: &ExtendItem, mut kv: KeyValue) -> Step {
             Ok(answer) => match answer.kvs().first() {
                 Some(now) if ours(now, &item.token) && now.lease() != kv.lease() => {
                     kv = now.clone();
+                }
+                // Still ours on the same lease, which etcd says is gone (expired, its revoke
+                // not applied yet): not a word that it is someone else's.
+                Some(now) if ours(now, &item.token) => {
+                    return Step::Answer(Renewal::Unknown(
+                        "the key's lease is gone but the key is still there".to_owned(),
+                    ));
                 }
                 _ => return Step::Answer(Renewal::NotOurs),
             },
@@ -237,6 +277,10 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<Optio
     if now.ttl() < 0 {
         return Ok(None);
     }
+    if now.ttl() <= now.granted_ttl() {
+        // (Not an answer of a leader mid-election, whose time to live reads "forever".)
+        conn.remember_granted(lease, now.granted_ttl());
+    }
     if now.ttl() > asked && now.granted_ttl() >= asked {
         // Long enough already. (Strictly more: the time to live comes in whole seconds, and
         // only more than asked proves at least the asked time is left. And granted at least
@@ -253,7 +297,9 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<Optio
     // lease gets the asked ttl, or the time left plus that second if longer.
     let record = item.record.as_str();
     let left_at_most = Duration::from_secs(u64::try_from(now.ttl()).unwrap_or(0) + 1);
-    let moved_to = conn.grant(item.ttl.max(left_at_most), context).await?;
+    let moved_to = conn
+        .grant_record(item.ttl.max(left_at_most), context)
+        .await?;
     let moved = conn
         .txn(
             Txn::new()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use super::sql::SWEEP_BATCH;
 use super::{SWEEP_EVERY, Session, Shared, lock, pg_error};
 use crate::{BackendError, LockError};
 
@@ -282,26 +283,53 @@ impl Shared {
     }
 
     /// Deletes rows that hold nothing any more, on a connection of its own (a long scan must
-    /// not hold up the renewals queued on the command connection); a failure only waits for
-    /// the next round.
+    /// not hold up the renewals queued on the command connection), a batch at a time until
+    /// none is left: a table that gains more expired rows a minute than one batch (kept for
+    /// min_hold, expired done markers, crashed holders) must not grow without bound. Bounded
+    /// all the same, by [`SWEEP_ROUNDS`] batches and each by the command timeout; a failure
+    /// only waits for the next round.
     pub(super) async fn sweep(&self) {
-        let bound = self.connect_timeout + self.command_timeout;
-        let swept = tokio::time::timeout(bound, async {
-            let client = self.open().await?;
-            client
-                .execute(&self.table.sweep(), &[])
-                .await
-                .map_err(|e| self.error("sweep failed", e))
-        })
-        .await;
-        match swept {
-            Ok(Ok(0)) => {}
-            Ok(Ok(n)) => tracing::debug!(rows = n, table = %self.table.name, "swept expired locks"),
-            Ok(Err(e)) => tracing::debug!(error = %e, "sweeping expired locks failed"),
-            Err(_) => tracing::debug!("sweeping expired locks timed out"),
+        let client = match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "sweeping expired locks failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("sweeping expired locks timed out");
+                return;
+            }
+        };
+        let statement = self.table.sweep();
+        let mut swept = 0;
+        for _ in 0..SWEEP_ROUNDS {
+            let round =
+                tokio::time::timeout(self.command_timeout, client.execute(&statement, &[])).await;
+            match round {
+                Ok(Ok(n)) => {
+                    swept += n;
+                    if n < SWEEP_BATCH {
+                        break;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %self.error("sweep failed", e), "sweeping expired locks failed");
+                    break;
+                }
+                Err(_) => {
+                    tracing::debug!("sweeping expired locks timed out");
+                    break;
+                }
+            }
+        }
+        if swept > 0 {
+            tracing::debug!(rows = swept, table = %self.table.name, "swept expired locks");
         }
     }
 }
+
+/// Batches one sweep deletes at most (a million rows).
+const SWEEP_ROUNDS: usize = 1000;
 
 /// Which server process serves a connection (a pid alone may be reused).
 #[derive(Debug, Clone)]

@@ -81,7 +81,7 @@ impl RedisBackend {
         names: &KeyNames,
         fence: u64,
     ) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.noting_retries();
         let removed: i64 = self
             .scripts
             .force_release
@@ -94,6 +94,9 @@ impl RedisBackend {
             .map_err(|e| self.error(&format!("forced release of `{}` failed", names.key), e))?;
         match removed {
             1 => Ok(true),
+            // Sent again after its connection broke: the first send removed it, its answer
+            // lost (or the holder released it in the same instant: free either way).
+            0 if conn.retried() => Ok(true),
             0 => Ok(false),
             _ => Err(BackendError::new(format!(
                 "Redis key `{}` holds a value that is not a lock record; it was left untouched",

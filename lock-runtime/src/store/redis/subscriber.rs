@@ -76,6 +76,9 @@ impl redis::aio::AsyncPushSender for PushEvents {
         let event = match push.kind {
             PushKind::Message | PushKind::SMessage => channel().map(PubSubEvent::Message),
             PushKind::Subscribe | PushKind::SSubscribe => channel().map(PubSubEvent::Subscribed),
+            PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                channel().map(PubSubEvent::Unsubscribed)
+            }
             PushKind::Disconnection => Some(PubSubEvent::Disconnected),
             _ => None,
         };

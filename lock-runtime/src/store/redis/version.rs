@@ -24,23 +24,26 @@ pub(crate) fn lowest(reply: &Value) -> Option<Version> {
 }
 
 /// Whether the servers take SPUBLISH (Redis 7.0 and newer, Valkey): one SPUBLISH to a channel
-/// nobody listens on. An unknown command (6.2) or any other refusal means classic pub/sub,
-/// which every version has: on a Cluster it is broadcast to every node, slower but never
-/// wrong. Asked rather than read from INFO, which least-privilege users often may not run
-/// (`@dangerous`): runtimes whose users differ there must still choose alike, since a sharded
-/// release never reaches a classic subscriber. Only the server's own refusal counts as "no";
-/// a connection that fails meanwhile is an error, so that no runtime settles on classic pub/sub
-/// by accident while the others use sharded.
+/// nobody listens on, inside the runtime's namespace (the documented ACL rule lets every lock
+/// user publish there). An unknown command (6.2) means classic pub/sub, which every version
+/// has: on a Cluster it is broadcast to every node, slower but never wrong. Asked rather than
+/// read from INFO, which least-privilege users often may not run (`@dangerous`): runtimes
+/// whose users differ there must still choose alike, since a sharded release never reaches a
+/// classic subscriber. For the same reason a refusal by the user's rights (`NOPERM`) is an
+/// error, not "no": a user with narrower rights would otherwise settle on classic pub/sub
+/// while the others use sharded. A connection that fails meanwhile is an error too.
 pub(crate) async fn answers_spublish<C: redis::aio::ConnectionLike>(
     conn: &mut C,
+    namespace: &str,
 ) -> redis::RedisResult<bool> {
     match redis::cmd("SPUBLISH")
-        .arg("lock-runtime:probe")
+        .arg(format!("{namespace}:lock-runtime-probe"))
         .arg("")
         .query_async::<i64>(conn)
         .await
     {
         Ok(_) => Ok(true),
+        Err(e) if e.code() == Some("NOPERM") => Err(e),
         Err(e) if e.code().is_some() => Ok(false),
         Err(e) => Err(e),
     }
