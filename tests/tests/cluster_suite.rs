@@ -351,10 +351,20 @@ async fn waiters_follow_the_slot_through_a_migration() {
 /// release and on an operator's forced release within 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restricted_waiter_hears_releases_of_unrestricted_runtimes() {
-    const RULE: &str = "on >s3cret-lock-pw ~lock:* &lock:* -@all +ping +hello +evalsha +eval \
-        +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait +pttl +type \
-        +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish \
-        +cluster|slots +cluster|shards +cluster|nodes +readonly +asking";
+    let mut rule =
+        "on >s3cret-lock-pw ~lock:* resetchannels &lock:* -@all +ping +hello +evalsha +eval \
+        +script|load +subscribe +unsubscribe +wait +pttl +type +exists +incr +time +hset \
+        +hget +hmget +pexpire +set +get +del +publish +cluster|slots +cluster|nodes +readonly \
+        +asking"
+            .to_owned();
+    // As the README says: the sharded commands from 7.0, CLIENT SETINFO from 7.2.
+    let version = lock_tests::server::server_version();
+    if version >= (7, 0) {
+        rule.push_str(" +ssubscribe +sunsubscribe +spublish +cluster|shards");
+    }
+    if version >= (7, 2) {
+        rule.push_str(" +client|setinfo");
+    }
     let store = TestStore::cluster();
     let TestStore::Cluster(cluster) = &store else {
         unreachable!("made as a cluster")
@@ -363,7 +373,7 @@ async fn a_restricted_waiter_hears_releases_of_unrestricted_runtimes() {
         let mut conn = node.client().get_connection().expect("connect");
         let mut setuser = redis::cmd("ACL");
         setuser.arg("SETUSER").arg("locker");
-        for part in RULE.split_whitespace() {
+        for part in rule.split_whitespace() {
             setuser.arg(part);
         }
         let _: () = setuser.query(&mut conn).expect("ACL SETUSER");
