@@ -1,6 +1,7 @@
-//! Whether a waiter hears a release after a fault: the checks the stores' fault tests share
-//! (finding 10 of the safety review, on every Redis topology). Each allows 5 s from the
-//! release against a holder's ttl of 30 s, so only a heard release can pass.
+//! Whether a waiter hears a release after a fault, and whether a lock was left free: the
+//! checks the stores' fault tests share (finding 10 of the safety review, on every Redis
+//! topology; releases into a cut link). Each allows 5 s against a holder's ttl of 30 s, so
+//! only a heard release, or a lock really given back, can pass.
 
 use std::time::Duration;
 
@@ -129,4 +130,15 @@ pub async fn warm_subscriber(holder: &LockRuntime, waiter: &LockRuntime, key: &s
         .release()
         .await
         .expect("release");
+}
+
+/// Takes `key` through `runtime` within 5 s, then gives it back: the lock was not left held
+/// (`why` says what that shows, in the failure).
+pub async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
+    let taken = runtime
+        .lock(key)
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{why}: {e}"));
+    taken.release().await.expect("release");
 }

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
+use lock_tests::wake::free_within_5s;
 use lock_tests::{EtcdCluster, FaultProxy, PostgresServer, RedisServer};
 
 /// A store behind a fault proxy.
@@ -95,16 +96,6 @@ impl Rig {
     fn mend(&self) {
         self.proxy.refuse(false);
     }
-}
-
-/// Takes `key` through `runtime` within 5 s, then gives it back.
-async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
-    let taken = runtime
-        .lock(key)
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .unwrap_or_else(|e| panic!("{why}: {e}"));
-    taken.release().await.expect("release");
 }
 
 /// An awaited `release()` that fails because the link is cut returns the error, and the

@@ -8,6 +8,7 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockRuntime, MemoryStore, current_lease, distributed_lock};
 use lock_testkit::suite::free_now;
 use lock_tests::server::send_signal;
+use lock_tests::wake::free_within_5s;
 use lock_tests::{FaultProxy, RedisCluster, RedisServer, SentinelSet, TestStore, wake};
 use tokio::time::Instant;
 
@@ -19,16 +20,6 @@ async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
         .build()
         .await
         .expect("build")
-}
-
-/// Takes `key` through `runtime` within 5 s, then gives it back: the lock was not left held.
-async fn free_within_5s(runtime: &LockRuntime, key: &str, why: &str) {
-    let taken = runtime
-        .lock(key)
-        .acquire_timeout(Duration::from_secs(5))
-        .await
-        .unwrap_or_else(|e| panic!("{why}: {e}"));
-    taken.release().await.expect("release");
 }
 
 // ---------------------------------------------------------------------------------------------
