@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::context::{held_lease, with_lease};
 use crate::request::TryOutcome;
-use crate::{LockError, LockRuntime};
+use crate::{Lease, LockError, LockRuntime};
 
 /// Makes the runtime's retry jitter on this thread a function of `seed` (None: random again),
 /// so a deterministic simulation on a current-thread runtime replays from its seed. For tests.
@@ -264,11 +264,14 @@ where
 /// For a re-entrant call with `once`: true when its body may run (no done marker). Asks the
 /// store as an acquire with `once` does, which checks the marker first: "done" skips; "held"
 /// (by the enclosing call's lease) lets the body run. A grant means the enclosing lease is
-/// gone from the store: it is given back, and the call fails closed as a lost one.
+/// gone from the store: it is given back, the enclosing lease is marked lost, and the call
+/// fails closed as a lost one. (The ask costs one acquire attempt: on PostgreSQL it marks the
+/// row wanted, so its release announces itself; on etcd a lease is granted and revoked.)
 async fn nested_once_state(
     runtime: &LockRuntime,
     spec: &LockSpec,
     once_ms: u64,
+    outer: &Lease,
 ) -> Result<bool, LockError> {
     let mut request = runtime
         .lock(spec.key.clone())
@@ -276,18 +279,27 @@ async fn nested_once_state(
     if let Some(ms) = spec.ttl_ms {
         request = request.ttl(Duration::from_millis(ms));
     }
-    match request.try_acquire_detailed().await? {
-        TryOutcome::Held => Ok(true),
-        TryOutcome::Done => {
+    let lost = || {
+        if outer.state.mark_lost() {
+            tracing::warn!(key = %spec.key, fence = outer.fence(), "lock lost: a nested call found it free in the store");
+        }
+        LockError::Lost {
+            key: spec.key.clone(),
+        }
+    };
+    match request.probe_done().await {
+        Ok(TryOutcome::Held) => Ok(true),
+        Ok(TryOutcome::Done) => {
             tracing::debug!(key = %spec.key, "work already done for this key; the nested call is skipped");
             Ok(false)
         }
-        TryOutcome::Acquired(guard) => {
+        Ok(TryOutcome::Acquired(guard)) => {
             let _ = guard.release().await;
-            Err(LockError::Lost {
-                key: spec.key.clone(),
-            })
+            Err(lost())
         }
+        // Granted while the runtime shuts down: given back already, and as above.
+        Err(LockError::Shutdown) => Err(lost()),
+        Err(e) => Err(e),
     }
 }
 
@@ -313,7 +325,7 @@ where
         // watchdog and on_lost decide), but its own `once` marker is honoured: one that is
         // already there skips the body.
         if let Some(ms) = spec.once_ms {
-            match Box::pin(nested_once_state(&runtime, spec, ms)).await {
+            match Box::pin(nested_once_state(&runtime, spec, ms, &lease)).await {
                 Ok(true) => {}
                 Ok(false) => return Outcome::Skipped,
                 Err(e) => return Outcome::Failed(e),

@@ -157,6 +157,9 @@ impl LockGuard {
             done_retention,
             state.release_window(),
         );
+        // Lost before the release was sent (its validity over, or reported lost): a record
+        // found gone then was not this release's doing.
+        let lapsed = state.is_lost();
         let outcome = self
             .runtime
             .backend
@@ -181,7 +184,11 @@ impl LockGuard {
                 tracing::debug!(key = %state.names.key, fence = state.fence, ?outcome, "lock released");
             }
         }
-        Ok(outcome != ReleaseOutcome::NotOwner)
+        Ok(match outcome {
+            ReleaseOutcome::NotOwner => false,
+            ReleaseOutcome::GoneAfterRetry => !lapsed,
+            _ => true,
+        })
     }
 }
 
@@ -198,7 +205,7 @@ impl Drop for LockGuard {
         let sent = self.runtime.watchdog.release_in_background(ReleaseJob {
             names: state.names.clone(),
             token: state.token.clone(),
-            done_retention: None,
+            done_until: None,
             lease_id: Some(state.id),
             retry_until: Instant::now().checked_add(state.release_window()),
         });
@@ -220,6 +227,8 @@ pub(crate) struct PendingRelease<'a> {
     /// How long a failed release is tried again: until what it gives back would have
     /// expired anyway (the ttl, or a longer validity).
     retry_for: Duration,
+    /// When the release was started: a done marker lasts its retention from then.
+    started: Instant,
     armed: bool,
 }
 
@@ -237,6 +246,7 @@ impl<'a> PendingRelease<'a> {
             token,
             done_retention,
             retry_for,
+            started: Instant::now(),
             armed: true,
         }
     }
@@ -253,7 +263,9 @@ impl Drop for PendingRelease<'_> {
             self.runtime.watchdog.release_in_background(ReleaseJob {
                 names: self.names.clone(),
                 token: self.token.to_owned(),
-                done_retention: self.done_retention,
+                done_until: self
+                    .done_retention
+                    .and_then(|retention| self.started.checked_add(retention)),
                 lease_id: None,
                 retry_until: Instant::now().checked_add(self.retry_for),
             });

@@ -167,10 +167,26 @@ impl LockRequest {
     }
 
     fn validate(&self) -> Result<(KeyNames, Duration), LockError> {
-        let inner = &self.runtime.inner;
-        if inner.is_shut_down() {
+        if self.runtime.inner.is_shut_down() {
             return Err(LockError::Shutdown);
         }
+        self.check()
+    }
+
+    /// For a re-entrant call with `once`, made under its enclosing call's lease: asks the
+    /// store as an acquire with `once` does, which checks the done marker first. Not refused
+    /// during a shutdown's grace period: the enclosing job may still be running then.
+    pub(crate) async fn probe_done(self) -> Result<TryOutcome, LockError> {
+        let (names, ttl) = self.check()?;
+        Ok(match self.attempt(&names, ttl).await? {
+            Attempt::Acquired(guard) => TryOutcome::Acquired(guard),
+            Attempt::Busy(_) => TryOutcome::Held,
+            Attempt::Done => TryOutcome::Done,
+        })
+    }
+
+    fn check(&self) -> Result<(KeyNames, Duration), LockError> {
+        let inner = &self.runtime.inner;
         check_name("lock key", &self.key)?;
         let ttl = self.ttl.unwrap_or(inner.default_ttl);
         check_ttl("ttl", ttl)?;

@@ -28,7 +28,10 @@ const BATCH_MAX: usize = 1000;
 pub(crate) struct ReleaseJob {
     pub(crate) names: KeyNames,
     pub(crate) token: String,
-    pub(crate) done_retention: Option<Duration>,
+    /// The `once` marker to write with the release: until when it must last (a retry made
+    /// later writes it for what is left of its retention, not for a whole one again; none
+    /// once that has passed).
+    pub(crate) done_until: Option<Instant>,
     /// The lease being released, when there is one (None: an acquire whose caller went away).
     pub(crate) lease_id: Option<u64>,
     /// Until when a try that fails for a passing reason is made again: the instant the lease
@@ -176,7 +179,21 @@ impl WatchdogHandle {
         // waits for the same end: the driver's last releases, then the untracked ones.
         let mut stopped = self.stopped.clone();
         let _ = stopped.wait_for(|stopped| *stopped).await;
-        self.in_flight.finished().await;
+        // Bounded: each store call of an acquire or a release is, but a future that is never
+        // polled again (an acquire pinned in a `select!` whose other arm awaits this
+        // shutdown) would hold the count for ever.
+        let limit = 2 * self.fallback.1 + Duration::from_secs(1);
+        if tokio::time::timeout(limit, self.in_flight.finished())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = self.in_flight.count.load(Ordering::Acquire),
+                waited = ?limit,
+                "shutdown stopped waiting for acquires and releases still on their way (a future \
+                 not polled any more?); their locks expire by their ttl"
+            );
+        }
     }
 
     /// Counts work a shutdown must wait for (a release a holder awaits itself, an acquire on
@@ -297,7 +314,7 @@ impl Driver {
             self.spawn_release(ReleaseJob {
                 names: lease.names.clone(),
                 token: lease.token.clone(),
-                done_retention: None,
+                done_until: None,
                 lease_id: None,
                 retry_until: None,
             });
@@ -539,7 +556,11 @@ async fn run_release(
 ) {
     let mut pause = Duration::from_millis(100);
     loop {
-        let released = backend.release(&job.names, &job.token, job.done_retention);
+        let done_retention = job
+            .done_until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .filter(|left| *left >= Duration::from_millis(1));
+        let released = backend.release(&job.names, &job.token, done_retention);
         let failure = match tokio::time::timeout(timeout, released).await {
             Ok(Ok(ReleaseOutcome::NotOwner)) => {
                 tracing::debug!(key = %job.names.key, "lock was no longer ours at release");

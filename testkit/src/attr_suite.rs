@@ -362,6 +362,33 @@ pub async fn attr_reentrant_once_honours_its_marker<H: Harness>(store: &H) {
     );
 }
 
+/// once: a job still running in its runtime's shutdown grace period calls a nested `once`
+/// call: it runs (the enclosing lease covers it), it is not refused as a new request is.
+pub async fn attr_reentrant_once_runs_during_the_shutdown_grace<H: Harness>(store: &H) {
+    let a = store.runtime().await;
+    let runs = counter();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let job = tokio::spawn(a.scope(outer_plain_after("g", go.clone(), runs.clone())));
+    // The job holds its lock and waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let shutting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.shutdown().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !shutting.is_finished(),
+        "the grace period waits for the job"
+    );
+    go.notify_one();
+    assert_eq!(job.await.expect("job"), Some(()), "the nested call ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    tokio::time::timeout(Duration::from_secs(5), shutting)
+        .await
+        .expect("shutdown ends once the job is done")
+        .expect("shutdown task");
+}
+
 /// Methods (`&self`, `&mut self` with `{self.field}`) and generic functions.
 pub async fn attr_methods_and_generics<H: Harness>(store: &H) {
     let rt = store.runtime().await;

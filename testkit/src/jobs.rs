@@ -153,6 +153,17 @@ pub(crate) async fn outer_plain_twice(tag: &str, runs: Arc<AtomicU64>) -> Option
     nested_once(tag, runs).await
 }
 
+/// A plain call that waits for `go`, then calls [`nested_once`] for the same key.
+#[distributed_lock(key = "nested-once:{tag}", ttl = "10s")]
+pub(crate) async fn outer_plain_after(
+    tag: &str,
+    go: Arc<tokio::sync::Notify>,
+    runs: Arc<AtomicU64>,
+) -> Option<()> {
+    go.notified().await;
+    nested_once(tag, runs).await
+}
+
 /// A `once` call, made inside [`outer_plain`]'s lock (re-entrant) or on its own.
 #[distributed_lock(key = "nested-once:{tag}", once = "1h")]
 pub(crate) async fn nested_once(tag: &str, runs: Arc<AtomicU64>) -> Option<()> {

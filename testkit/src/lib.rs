@@ -172,6 +172,7 @@ macro_rules! attribute_suite {
             attr_once_marker_survives_a_lost_lease,
             attr_reentrant_once_leaves_its_marker,
             attr_reentrant_once_honours_its_marker,
+            attr_reentrant_once_runs_during_the_shutdown_grace,
             attr_methods_and_generics,
         );
     };

@@ -213,6 +213,39 @@ async fn shutdown_waits_for_acquires_in_flight(rig: Rig) {
     direct.shutdown().await;
 }
 
+/// A `complete()` whose marker is written by the background retry, later: the marker lasts
+/// what is left of its retention from the completion, not a whole retention from the retry.
+/// Retention 2 s, the link cut 3 s: once the link is back the work may run again at once.
+async fn a_late_marker_keeps_its_retention_from_the_completion(rig: Rig) {
+    let slow = rig.slow(Duration::from_millis(500)).await;
+    let direct = rig.direct().await;
+    let once = Duration::from_secs(2);
+    let guard = slow
+        .lock("late-marker")
+        .ttl(Duration::from_secs(30))
+        .once(once)
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    rig.cut();
+    assert!(guard.complete().await.is_err(), "the link is cut");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rig.mend();
+    let again = direct
+        .lock("late-marker")
+        .ttl(Duration::from_secs(30))
+        .once(once)
+        .acquire_timeout(Duration::from_secs(5))
+        .await;
+    assert!(
+        again.is_ok(),
+        "the marker's 2 s had passed when the link came back: {again:?}"
+    );
+    slow.shutdown().await;
+    direct.shutdown().await;
+}
+
 macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod redis { $(
@@ -234,7 +267,30 @@ on_every_store!(
     a_failed_release_is_carried_out_later,
     a_failed_completion_still_marks_the_work_done,
     shutdown_waits_for_acquires_in_flight,
+    a_late_marker_keeps_its_retention_from_the_completion,
 );
+
+/// An acquire future that is never polled again (pinned in a `select!` whose other arm awaits
+/// the shutdown, in the same task) holds its in-flight count for ever: `shutdown()` still
+/// returns, after a bounded wait (twice the command timeout and a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_with_an_acquire_nobody_polls() {
+    let rig = Rig::redis();
+    let slow = rig.slow(Duration::from_secs(1)).await;
+    rig.proxy.stall();
+    let acquire = slow.lock("never-polled").try_acquire();
+    tokio::pin!(acquire);
+    tokio::select! {
+        _ = &mut acquire => panic!("the store is stalled"),
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+    }
+    let returned = tokio::time::timeout(Duration::from_secs(10), slow.shutdown()).await;
+    rig.proxy.resume();
+    assert!(
+        returned.is_ok(),
+        "shutdown() waited for an acquire that is never polled again"
+    );
+}
 
 /// A release that Redis carried out but whose answer was lost (the connection dropped on the
 /// way back) is sent again, and the second send finds the record gone: `release()` must still

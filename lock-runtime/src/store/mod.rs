@@ -131,6 +131,11 @@ pub enum ReleaseOutcome {
     KeptForMinHold,
     /// The record was not ours any more: expired, or another owner holds it.
     NotOwner,
+    /// The release was sent again after its connection broke, and the second send found the
+    /// record no longer ours: the first send most likely released it and its answer was lost.
+    /// The runtime reports it released while the holder's lease was still valid, and no
+    /// longer ours otherwise. (A store that cannot tell answers `NotOwner`.)
+    GoneAfterRetry,
 }
 
 /// What a renewal found for one lease.

@@ -184,7 +184,8 @@ impl PostgresStore {
         shared.ensure_table(&client).await?;
         let session = shared.prepare(client).await?;
         *lock(&shared.session) = Some(Arc::new(session));
-        shared.sweep().await;
+        // At build, one command timeout's worth: what is left waits for the next round.
+        shared.sweep(options.command_timeout).await;
         let listener = Listener::start(
             shared.endpoint.clone(),
             shared.table.channel.clone(),

@@ -166,6 +166,16 @@ enum Retry {
     Unsubscribe(String, u32),
 }
 
+impl Retry {
+    /// The channel and the direction (true: subscribe).
+    fn what(&self) -> (String, bool) {
+        match self {
+            Retry::Subscribe(channel, _) => (channel.clone(), true),
+            Retry::Unsubscribe(channel, _) => (channel.clone(), false),
+        }
+    }
+}
+
 /// How often a failed (un)subscription is made again, and the pause before the first retry
 /// (doubling up to [`LAST_RETRY`]): some five minutes in all, so a subscription is not left
 /// behind after an outage of that length, and the retries end.
@@ -184,6 +194,8 @@ struct Task<C> {
     /// reports ends).
     ours: HashMap<String, u32>,
     retry: mpsc::UnboundedSender<Retry>,
+    /// The retries scheduled and not yet made: one per channel and direction.
+    waiting: HashSet<(String, bool)>,
 }
 
 /// Unsubscribes waiting for their report that [`Task::ours`] keeps at most.
@@ -203,20 +215,28 @@ impl<C: PubSubConnection> Task<C> {
     }
 
     async fn unsubscribe(&mut self, channel: &str, attempt: u32) {
-        if self.ours.len() >= OURS_KEPT {
-            self.ours.clear();
-        }
-        *self.ours.entry(channel.to_owned()).or_default() += 1;
-        if let Err(e) = self.conn.unsubscribe(channel).await {
-            // Left as it is, the connection would renew it at every reconnect for the life of
-            // the process.
-            tracing::debug!(channel, error = %e, "unsubscribing failed; trying again later");
-            self.later(Retry::Unsubscribe(channel.to_owned(), attempt + 1), attempt);
+        match self.conn.unsubscribe(channel).await {
+            // Counted once it went through (its report is handled after this returns): one
+            // that failed without reaching the server must not make a later end by the server
+            // pass for ours.
+            Ok(()) => {
+                if self.ours.len() >= OURS_KEPT {
+                    self.ours.clear();
+                }
+                *self.ours.entry(channel.to_owned()).or_default() += 1;
+            }
+            Err(e) => {
+                // Left as it is, the connection would renew it at every reconnect for the life
+                // of the process.
+                tracing::debug!(channel, error = %e, "unsubscribing failed; trying again later");
+                self.later(Retry::Unsubscribe(channel.to_owned(), attempt + 1), attempt);
+            }
         }
     }
 
-    fn later(&self, retry: Retry, attempt: u32) {
-        if attempt >= RETRIES {
+    /// Schedules `retry`, unless one for the same channel and direction is already waiting.
+    fn later(&mut self, retry: Retry, attempt: u32) {
+        if attempt >= RETRIES || !self.waiting.insert(retry.what()) {
             return;
         }
         let pause = FIRST_RETRY
@@ -295,6 +315,7 @@ impl<C: PubSubConnection> Task<C> {
     }
 
     async fn on_retry(&mut self, hub: &ReleaseHub, retry: Retry) {
+        self.waiting.remove(&retry.what());
         match retry {
             Retry::Subscribe(channel, attempt) if hub.is_watched(&channel) => {
                 self.subscribe(hub, &channel, attempt).await;
@@ -321,6 +342,7 @@ async fn run(
         unconfirmed: HashSet::new(),
         ours: HashMap::new(),
         retry,
+        waiting: HashSet::new(),
     };
     loop {
         tokio::select! {

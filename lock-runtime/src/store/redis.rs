@@ -491,12 +491,11 @@ impl RedisBackend {
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
-            // Sent again after its connection broke: the first send was carried out and its
-            // answer lost (only an operator's forced release in the same instant, or a server
-            // that lost the record, reads the same), so the token's record was already gone.
+            // Sent again after its connection broke: the first send was most likely carried
+            // out and its answer lost.
             _ if conn.retried() => {
-                tracing::debug!(key = %names.key, "release: its first answer was lost; the lock was released by that send");
-                ReleaseOutcome::Released
+                tracing::debug!(key = %names.key, "release: sent again after its connection broke, and the record was gone");
+                ReleaseOutcome::GoneAfterRetry
             }
             _ => ReleaseOutcome::NotOwner,
         })

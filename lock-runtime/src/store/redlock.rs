@@ -350,12 +350,14 @@ impl RedlockBackend {
         };
         let mut released = 0;
         let mut kept = 0;
+        let mut gone = 0;
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
                 Ok(ReleaseOutcome::Released) => released += 1,
                 Ok(ReleaseOutcome::KeptForMinHold) => kept += 1,
-                Ok(ReleaseOutcome::NotOwner) => {}
+                Ok(ReleaseOutcome::GoneAfterRetry) => gone += 1,
+                Ok(_) => {}
                 Err(e) => errors.push(e),
             }
         }
@@ -363,6 +365,8 @@ impl RedlockBackend {
             Ok(ReleaseOutcome::KeptForMinHold)
         } else if released > 0 {
             Ok(ReleaseOutcome::Released)
+        } else if gone > 0 {
+            Ok(ReleaseOutcome::GoneAfterRetry)
         } else if errors.len() > self.nodes.len() - self.quorum {
             Err(self.failure(
                 format!(

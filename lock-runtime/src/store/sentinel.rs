@@ -224,7 +224,8 @@ impl SentinelConn {
         let (addr, mut conn) = self.master().await?;
         match conn.req_packed_command(cmd).await {
             Err(e) if self.note_failure(&addr, &e) => {
-                *retried |= !e.is_connection_refusal();
+                // A refused connection sent nothing; a replica refused the write (READONLY).
+                *retried |= !e.is_connection_refusal() && !is_readonly(&e);
                 let (addr, mut conn) = self.master().await?;
                 let retried = conn.req_packed_command(cmd).await;
                 if let Err(e) = &retried {

@@ -283,12 +283,14 @@ impl Shared {
     }
 
     /// Deletes rows that hold nothing any more, on a connection of its own (a long scan must
-    /// not hold up the renewals queued on the command connection), a batch at a time until
-    /// none is left: a table that gains more expired rows a minute than one batch (kept for
-    /// min_hold, expired done markers, crashed holders) must not grow without bound. Bounded
-    /// all the same, by [`SWEEP_ROUNDS`] batches and each by the command timeout; a failure
-    /// only waits for the next round.
-    pub(super) async fn sweep(&self) {
+    /// not hold up the renewals queued on the command connection), a batch at a time through
+    /// the key order until none is left: a table that gains more expired rows a minute than
+    /// one batch (kept for min_hold, expired done markers, crashed holders) must not grow
+    /// without bound. Bounded all the same: by `budget` (what is left waits for the next
+    /// round), [`SWEEP_ROUNDS`] batches, and each batch by the command timeout; a failure only
+    /// waits for the next round.
+    pub(super) async fn sweep(&self, budget: Duration) {
+        let started = tokio::time::Instant::now();
         let client = match tokio::time::timeout(self.connect_timeout, self.open()).await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
@@ -301,14 +303,23 @@ impl Shared {
             }
         };
         let statement = self.table.sweep();
+        let mut after = String::new();
         let mut swept = 0;
         for _ in 0..SWEEP_ROUNDS {
             let round =
-                tokio::time::timeout(self.command_timeout, client.execute(&statement, &[])).await;
+                tokio::time::timeout(self.command_timeout, client.query(&statement, &[&after]))
+                    .await;
             match round {
-                Ok(Ok(n)) => {
-                    swept += n;
-                    if n < SWEEP_BATCH {
+                Ok(Ok(rows)) => {
+                    swept += rows.len();
+                    if let Some(last) = rows
+                        .iter()
+                        .filter_map(|r| r.try_get::<_, String>(0).ok())
+                        .max()
+                    {
+                        after = last;
+                    }
+                    if rows.len() < SWEEP_BATCH || started.elapsed() >= budget {
                         break;
                     }
                 }
@@ -346,6 +357,7 @@ pub(super) async fn sweep_loop(shared: std::sync::Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        shared.sweep().await;
+        // Half the pause at most: what is left waits for the next round.
+        shared.sweep(SWEEP_EVERY / 2).await;
     }
 }

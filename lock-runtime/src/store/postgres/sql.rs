@@ -272,26 +272,30 @@ impl Table {
         )
     }
 
-    /// Deletes up to [`SWEEP_BATCH`] rows that hold nothing any more: expired for over a
-    /// second (so a holder's clock drift is long past) and without a live done marker. Rows
-    /// another session has locked (a sweeper of another runtime, an acquire taking one over)
-    /// are skipped rather than waited for, so runtimes sweeping at once delete different rows.
-    /// The conditions are checked again on the newest row version, so a row taken meanwhile
-    /// is kept.
+    /// `$1` the last key an earlier batch of this sweep reached (`''` at first). Deletes up to
+    /// [`SWEEP_BATCH`] rows past it, in key order, that hold nothing any more: expired for
+    /// over a second (so a holder's clock drift is long past) and without a live done marker;
+    /// answers their keys. Key order lets the next batch start where this one ended rather
+    /// than scan the deleted rows again. Rows another session has locked (a sweeper of another
+    /// runtime, an acquire taking one over) are skipped rather than waited for, so runtimes
+    /// sweeping at once delete different rows. The conditions are checked again on the newest
+    /// row version, so a row taken meanwhile is kept.
     pub(super) fn sweep(&self) -> String {
         let dead = "expires_at < clock_timestamp() - interval '1 second'
                     AND (done_until IS NULL OR done_until < clock_timestamp())";
         format!(
             "DELETE FROM {t} WHERE key IN (
-                SELECT key FROM {t} WHERE {dead} LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED)
-             AND {dead}",
+                SELECT key FROM {t} WHERE key > $1 AND {dead}
+                ORDER BY key LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED)
+             AND {dead}
+             RETURNING key",
             t = self.name,
         )
     }
 }
 
 /// Rows one sweep statement deletes at most; a sweep repeats it while it deletes that many.
-pub(super) const SWEEP_BATCH: u64 = 1000;
+pub(super) const SWEEP_BATCH: usize = 1000;
 
 /// Seeds the hash of a key for its advisory lock, so the lock store's advisory locks are
 /// unlikely to meet an application's own (which typically use small integers).

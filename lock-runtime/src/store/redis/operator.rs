@@ -94,8 +94,9 @@ impl RedisBackend {
             .map_err(|e| self.error(&format!("forced release of `{}` failed", names.key), e))?;
         match removed {
             1 => Ok(true),
-            // Sent again after its connection broke: the first send removed it, its answer
-            // lost (or the holder released it in the same instant: free either way).
+            // Sent again after its connection broke: the first send most likely removed it,
+            // its answer lost (or the holder released it meanwhile: either way the holder the
+            // operator named holds it no more).
             0 if conn.retried() => Ok(true),
             0 => Ok(false),
             _ => Err(BackendError::new(format!(
