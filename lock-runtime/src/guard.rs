@@ -223,12 +223,12 @@ pub(crate) struct PendingRelease<'a> {
     runtime: &'a RuntimeInner,
     names: &'a KeyNames,
     token: &'a str,
-    done_retention: Option<Duration>,
+    /// Until when the done marker must last: its retention counted from the start of the
+    /// release.
+    done_until: Option<Instant>,
     /// How long a failed release is tried again: until what it gives back would have
     /// expired anyway (the ttl, or a longer validity).
     retry_for: Duration,
-    /// When the release was started: a done marker lasts its retention from then.
-    started: Instant,
     armed: bool,
 }
 
@@ -244,9 +244,8 @@ impl<'a> PendingRelease<'a> {
             runtime,
             names,
             token,
-            done_retention,
+            done_until: done_retention.and_then(|retention| Instant::now().checked_add(retention)),
             retry_for,
-            started: Instant::now(),
             armed: true,
         }
     }
@@ -263,9 +262,7 @@ impl Drop for PendingRelease<'_> {
             self.runtime.watchdog.release_in_background(ReleaseJob {
                 names: self.names.clone(),
                 token: self.token.to_owned(),
-                done_until: self
-                    .done_retention
-                    .and_then(|retention| self.started.checked_add(retention)),
+                done_until: self.done_until,
                 lease_id: None,
                 retry_until: Instant::now().checked_add(self.retry_for),
             });

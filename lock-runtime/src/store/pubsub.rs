@@ -180,8 +180,8 @@ impl Retry {
 /// (doubling up to [`LAST_RETRY`]): some five minutes in all, so a subscription is not left
 /// behind after an outage of that length, and the retries end.
 const RETRIES: u32 = 150;
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const LAST_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(250);
+pub(crate) const LAST_RETRY: Duration = Duration::from_secs(2);
 
 /// The task's state besides the connection.
 struct Task<C> {

@@ -10,7 +10,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::mpsc;
 
 use super::super::conn::{SubConn, cluster_builder, open_client};
-use super::super::pubsub::{PubSubConnection, PubSubEvent, Subscriber};
+use super::super::pubsub::{FIRST_RETRY, LAST_RETRY, PubSubConnection, PubSubEvent, Subscriber};
 use super::super::sentinel::SentinelConn;
 use super::super::{KeyNames, ReleaseWatch};
 use super::{RedisBackend, RedisOptions, redis_error, value_text};
@@ -89,10 +89,8 @@ impl redis::aio::AsyncPushSender for PushEvents {
     }
 }
 
-/// How soon a subscriber connection that is not back after a drop is looked at again, at
-/// first and at most (doubling in between).
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const LAST_RETRY: Duration = Duration::from_secs(2);
+// A subscriber connection that is not back after a drop is looked at again as a failed
+// (un)subscription is made again: FIRST_RETRY at first, doubling up to LAST_RETRY.
 
 /// The Redis subscription connection as the [`Subscriber`] task drives it.
 struct RedisPubSub {
