@@ -17,6 +17,11 @@ pub fn seed_jitter(seed: Option<u64>) {
     crate::config::seed_jitter(seed);
 }
 
+/// The etcd store's renewal rule for the lease a key is on, for the simulation's model of
+/// etcd.
+#[cfg(feature = "etcd")]
+pub use crate::store::etcd::step::{LeaseStep, lease_secs, lease_step};
+
 /// The contention policy of one annotated function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {

@@ -33,7 +33,10 @@ use tokio::sync::OnceCell;
 
 mod conn;
 mod renew;
+pub(crate) mod step;
 mod watch;
+
+use self::step::lease_secs;
 
 use self::conn::Conn;
 
@@ -118,11 +121,6 @@ impl Drop for Unanswered {
 }
 
 /// Whole seconds, rounded up, at least one: what an etcd lease can say.
-fn lease_secs(d: Duration) -> i64 {
-    let secs = d.as_millis().div_ceil(1000).max(1);
-    i64::try_from(secs).unwrap_or(i64::MAX)
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

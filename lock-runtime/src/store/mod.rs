@@ -18,7 +18,7 @@ mod builtin;
 mod conn;
 mod custom;
 #[cfg(feature = "etcd")]
-mod etcd;
+pub(crate) mod etcd;
 mod hub;
 mod listing;
 mod memory;

@@ -50,7 +50,11 @@ pub(super) struct Grant {
     pub(super) at: Instant,
     /// When the client sent the acquire.
     pub(super) sent: Instant,
+    /// The ttl the client asked for.
     pub(super) ttl: Duration,
+    /// How long the store keeps it unless renewed or released (the ttl, or whole seconds).
+    pub(super) lease: Duration,
+    /// How long the store keeps it at least (as the store counts it).
     pub(super) min_hold: Duration,
 }
 
@@ -515,7 +519,7 @@ impl History {
                 .freed
                 .get(&(g.token.clone(), g.node))
                 .copied()
-                .unwrap_or(g.at + g.ttl)
+                .unwrap_or(g.at + g.lease)
                 .min(run_end);
             // A release that lands in time still keeps the record for its min_hold.
             if gone <= g.at + bound.max(g.min_hold) {

@@ -21,4 +21,4 @@ mod world;
 pub use history::{FaultKind, History, Verdict};
 pub use store::SimStore;
 pub use workload::{SimReport, run_seed};
-pub use world::{CLOCK_BOUND_US, NetFaults, World};
+pub use world::{CLOCK_BOUND_US, Leases, NetFaults, World};

@@ -74,6 +74,14 @@ impl Line {
         op: impl FnOnce(&mut World, usize, Instant) -> T + Send + 'static,
     ) -> Result<T, LockError> {
         let sent = Instant::now();
+        let ended = {
+            let world = lock(&self.world);
+            world.ended[self.client].then_some(world.timeout)
+        };
+        if let Some(timeout) = ended {
+            tokio::time::sleep(timeout).await;
+            return Err(no_answer(timeout));
+        }
         let (plan, timeout, arrival) = {
             let mut world = lock(&self.world);
             let plan = world.plan();

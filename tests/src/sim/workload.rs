@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::history::{FaultKind, History, Verdict};
 use super::store::SimStore;
-use super::world::{NetFaults, World};
+use super::world::{Leases, NetFaults, World};
 use crate::rng::XorShift;
 
 /// The client-side timeout of one store call.
@@ -24,6 +24,16 @@ const TTLS: [Duration; 4] = [
     Duration::from_millis(150),
     Duration::from_millis(400),
     Duration::from_millis(1000),
+];
+
+/// Lease lengths the workers pick from on a store of whole-second leases (etcd), where the
+/// ones above are all one second: a lease longer than the next `extend` asks for is what the
+/// renewal rule must handle.
+const WHOLE_SECOND_TTLS: [Duration; 4] = [
+    Duration::from_millis(400),
+    Duration::from_secs(1),
+    Duration::from_millis(2_000),
+    Duration::from_millis(3_000),
 ];
 
 /// What one seed's run found.
@@ -105,6 +115,8 @@ struct Ctx {
     stop: AtomicBool,
     /// No network faults and no failovers: every store call is answered in time.
     calm: bool,
+    /// How the store counts a lease's time.
+    leases: Leases,
     /// Added to every bound on an operation under Redlock: an acquire there takes up to three
     /// rounds of calls (the grant, the fence lift, the give-back of a failed quorum).
     slack: Duration,
@@ -121,6 +133,14 @@ impl Ctx {
 
     fn violation(&self, what: String) {
         self.history(|h| h.violation(what));
+    }
+
+    fn pick_ttl(&self, rng: &mut XorShift) -> Duration {
+        let ttls = match self.leases {
+            Leases::Exact => &TTLS,
+            Leases::WholeSeconds => &WHOLE_SECOND_TTLS,
+        };
+        ttls[rng.below(ttls.len() as u64) as usize]
     }
 
     /// Records a new hold of `lease` and follows its loss.
@@ -212,11 +232,19 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
     } else {
         1
     };
+    // One run of one deployment in five models etcd's whole-second leases. Drawn apart from
+    // the run's generator too.
+    let leases = if nodes == 1 && XorShift::mixed(seed ^ 0x0e7c_d5ec).below(5) == 0 {
+        Leases::WholeSeconds
+    } else {
+        Leases::Exact
+    };
     let world = Arc::new(Mutex::new(World::new(
         rng.next_u64(),
         clients,
         nodes,
         net,
+        leases,
         TIMEOUT,
     )));
     let start = Instant::now();
@@ -226,6 +254,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
         keys,
         stop: AtomicBool::new(false),
         calm,
+        leases,
         slack: if nodes > 1 { TIMEOUT } else { Duration::ZERO },
     });
     let mut runtimes = Vec::new();
@@ -276,7 +305,7 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             drops.next_u64(),
         ))
     });
-    // Sometimes one instance shuts down in the middle of the run.
+    // Sometimes one instance shuts down in the middle of the run, and its process ends.
     if rng.below(3) == 0 {
         let client = rng.below(clients as u64) as usize;
         let (rt, grace) = runtimes[client].clone();
@@ -286,6 +315,9 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
             tokio::time::sleep_until(at).await;
             ctx.history(|h| h.fault(Some(client), Instant::now(), FaultKind::Shutdown));
             shutdown_within(&ctx, &rt, grace, client).await;
+            // Then its process ends, as a service's main returns after shutdown(): whatever
+            // the runtime had not sent by then is never sent.
+            ctx.world().end_process(client);
         }));
     }
     tokio::time::sleep_until(end).await;
@@ -361,7 +393,7 @@ async fn worker(ctx: Arc<Ctx>, rt: LockRuntime, client: usize, seed: u64) {
     let mut rng = XorShift::mixed(seed);
     while !ctx.stop.load(Ordering::SeqCst) {
         let key = format!("k{}", rng.below(ctx.keys));
-        let ttl = TTLS[rng.below(TTLS.len() as u64) as usize];
+        let ttl = ctx.pick_ttl(&mut rng);
         if rng.below(10) == 0 {
             let nap = rng.below(100);
             let outcome = within(
@@ -498,13 +530,19 @@ async fn hold(
         } else if paused {
             ctx.write(&lease, false);
         }
-        if !lost && rng.below(10) == 0 {
+        // On whole-second leases, often, and to a ttl of its own: longer or shorter than
+        // the lease's, which moves the key between leases.
+        let (extends, to) = match ctx.leases {
+            Leases::Exact => (rng.below(10) == 0, ttl),
+            Leases::WholeSeconds => (rng.below(3) == 0, ctx.pick_ttl(rng)),
+        };
+        if !lost && extends {
             let _ = within(
                 ctx,
                 client,
                 "extend",
                 3 * TIMEOUT + ms(50),
-                guard.extend(ttl),
+                guard.extend(to),
             )
             .await;
         }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use lock_runtime::__private::{LeaseStep, lease_secs, lease_step};
 use lock_runtime::store::{AcquireOutcome, ExtendItem, RecordView, ReleaseOutcome, Renewal};
 use tokio::time::Instant;
 
@@ -31,6 +32,31 @@ pub struct NetFaults {
     pub max_latency: Duration,
 }
 
+/// How the simulated store counts a lease's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leases {
+    /// As on Redis and PostgreSQL: a record lives exactly its ttl, and a renewal makes it last
+    /// at least the asked ttl from its arrival.
+    Exact,
+    /// As on etcd: a record is on a lease of whole seconds, rounded up; a renewal keeps the
+    /// lease alive to the ttl it was granted, leaves it alone, or moves the record onto a new
+    /// lease, as the etcd store's own rule (`lease_step`) decides from the time left rounded
+    /// down, which is all etcd tells.
+    WholeSeconds,
+}
+
+impl Leases {
+    /// How long the store keeps a record asked to live `ttl`.
+    fn length(self, ttl: Duration) -> Duration {
+        match self {
+            Leases::Exact => ttl,
+            Leases::WholeSeconds => {
+                Duration::from_secs(u64::try_from(lease_secs(ttl)).unwrap_or(u64::MAX))
+            }
+        }
+    }
+}
+
 /// The bound within which the servers' clocks agree (DESIGN §5: a failover takes longer).
 pub const CLOCK_BOUND_US: i64 = 2_000;
 
@@ -42,6 +68,8 @@ struct Rec {
     acquired_at: Instant,
     min_hold_until: Instant,
     expires_at: Instant,
+    /// The ttl its lease was granted (whole seconds on etcd).
+    lease: Duration,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -133,6 +161,9 @@ pub struct World {
     rng: XorShift,
     nodes: Vec<Deployment>,
     pub(super) partitioned_until: Vec<Instant>,
+    /// Per client: its process has ended (after its `shutdown()` returned, as a service's
+    /// `main` does): it sends nothing any more; what it sent before still arrives.
+    pub(super) ended: Vec<bool>,
     /// When the last request of each client to each deployment arrives: one connection per
     /// client and deployment, so requests arrive in the order they were sent (as on a Redis
     /// connection).
@@ -140,6 +171,7 @@ pub struct World {
     /// Per client, per deployment: the client's subscriber connection there.
     pub(super) subs: Vec<Vec<SubLine>>,
     net: NetFaults,
+    leases: Leases,
     /// The client-side timeout of one call.
     pub timeout: Duration,
     start: Instant,
@@ -155,17 +187,26 @@ pub(super) fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
 impl World {
     /// A world of `clients` runtimes and `nodes` deployments, every decision drawn from
     /// `seed`.
-    pub fn new(seed: u64, clients: usize, nodes: usize, net: NetFaults, timeout: Duration) -> Self {
+    pub fn new(
+        seed: u64,
+        clients: usize,
+        nodes: usize,
+        net: NetFaults,
+        leases: Leases,
+        timeout: Duration,
+    ) -> Self {
         let now = Instant::now();
         World {
             rng: XorShift::mixed(seed ^ 0x5eed_5eed),
             nodes: (0..nodes).map(|_| Deployment::new(now)).collect(),
             partitioned_until: vec![now; clients],
+            ended: vec![false; clients],
             last_arrival: vec![vec![now; nodes]; clients],
             subs: (0..clients)
                 .map(|_| (0..nodes).map(|_| SubLine::default()).collect())
                 .collect(),
             net,
+            leases,
             timeout,
             start: now,
             // A fixed wall clock, so fences replay too.
@@ -218,13 +259,20 @@ impl World {
         }
         let counter = d.master.counters.get(&r.fence).copied().unwrap_or(0);
         let fence = (counter + 1).max(clock_us);
+        let lease = self.leases.length(r.ttl);
+        let min_hold = if r.min_hold.is_zero() {
+            Duration::ZERO
+        } else {
+            self.leases.length(r.min_hold)
+        };
         let rec = Rec {
             token: r.token.clone(),
             owner: r.owner.clone(),
             fence,
             acquired_at: now,
-            min_hold_until: now + r.min_hold,
-            expires_at: now + r.ttl,
+            min_hold_until: now + min_hold,
+            expires_at: now + lease,
+            lease,
         };
         d.master.counters.insert(r.fence.clone(), fence);
         d.master.records.insert(r.record.clone(), rec.clone());
@@ -239,7 +287,8 @@ impl World {
             at: now,
             sent: r.sent,
             ttl: r.ttl,
-            min_hold: r.min_hold,
+            lease,
+            min_hold,
         });
         AcquireOutcome::Acquired { fence }
     }
@@ -250,8 +299,9 @@ impl World {
         r: &OwnedRelease,
         now: Instant,
     ) -> ReleaseOutcome {
+        let retention = r.done_retention.map(|t| self.leases.length(t));
         let d = &mut self.nodes[node];
-        if let Some(retention) = r.done_retention {
+        if let Some(retention) = retention {
             d.master.done.insert(r.done.clone(), now + retention);
             d.ship(now, Write::Done(r.done.clone(), now + retention));
         }
@@ -283,12 +333,16 @@ impl World {
         items: &[ExtendItem],
         now: Instant,
     ) -> Vec<Renewal> {
+        let leases = self.leases;
         let d = &mut self.nodes[node];
         let mut answers = Vec::with_capacity(items.len());
         for item in items {
             let renewed = match d.master.live(&item.record, now) {
                 Some(rec) if rec.token == item.token => {
-                    rec.expires_at = rec.expires_at.max(now + item.ttl);
+                    match leases {
+                        Leases::Exact => rec.expires_at = rec.expires_at.max(now + item.ttl),
+                        Leases::WholeSeconds => renew_lease(rec, item.ttl, now),
+                    }
                     Some(rec.clone())
                 }
                 _ => None,
@@ -414,6 +468,12 @@ impl World {
         }
     }
 
+    /// `client`'s process ends: from now on it sends nothing (its runtime's tasks still run,
+    /// but no call of theirs leaves the machine).
+    pub fn end_process(&mut self, client: usize) {
+        self.ended[client] = true;
+    }
+
     /// A random draw from the world's generator.
     pub fn below(&mut self, n: u64) -> u64 {
         self.rng.below(n)
@@ -450,6 +510,22 @@ impl World {
             fate = Fate::Sluggish;
         }
         Plan { there, back, fate }
+    }
+}
+
+/// One renewal of a live record on etcd: what the etcd store decides from what etcd would
+/// answer (the time left rounded down to whole seconds, the ttl the lease was granted).
+fn renew_lease(rec: &mut Rec, asked: Duration, now: Instant) {
+    let left = i64::try_from((rec.expires_at - now).as_secs()).unwrap_or(i64::MAX);
+    let granted = lease_secs(rec.lease);
+    match lease_step(asked, lease_secs(asked), left, granted) {
+        // A live record's lease is not gone; a time left of more than asked needs nothing.
+        LeaseStep::Gone | LeaseStep::LeaveAlone => {}
+        LeaseStep::KeepAlive => rec.expires_at = now + rec.lease,
+        LeaseStep::MoveTo(ttl) => {
+            rec.lease = Leases::WholeSeconds.length(ttl);
+            rec.expires_at = now + rec.lease;
+        }
     }
 }
 

@@ -9,13 +9,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::conn::Conn;
+use super::step::{LeaseStep, lease_step};
 use super::{MAX_TXN_OPS, gets, parse_value, put};
 use crate::LockError;
 use crate::store::{ExtendItem, Renewal};
@@ -272,34 +272,19 @@ async fn renew_on(conn: &Conn, item: &ExtendItem, kv: &KeyValue) -> Result<Optio
         .send(|mut c| async move { c.lease_time_to_live(lease, None).await })
         .await
         .map_err(|e| conn.error(context, e))?;
-    // -1: the lease, and so the key, is gone. (0 is less than a second left: the time to live
-    // is rounded down.)
-    if now.ttl() < 0 {
-        return Ok(None);
-    }
-    if now.ttl() <= now.granted_ttl() {
+    if now.ttl() >= 0 && now.ttl() <= now.granted_ttl() {
         // (Not an answer of a leader mid-election, whose time to live reads "forever".)
         conn.remember_granted(lease, now.granted_ttl());
     }
-    if now.ttl() > asked && now.granted_ttl() >= asked {
-        // Long enough already. (Strictly more: the time to live comes in whole seconds, and
-        // only more than asked proves at least the asked time is left. And granted at least
-        // the ask: a leader not yet settled after an election answers "forever" for every
-        // lease, then gives each its granted ttl again.)
-        return Ok(Some(lease));
-    }
-    if now.granted_ttl() == asked {
-        return keep_alive(conn, lease).await;
-    }
-    // Move the key onto a new lease, and give the old one back. The new lease must not end
-    // before the old one could: the holder's validity was counted from the old lease, and
-    // etcd rounds the time left down, so up to a second more than it says is left. So the new
-    // lease gets the asked ttl, or the time left plus that second if longer.
+    let new_ttl = match lease_step(item.ttl, asked, now.ttl(), now.granted_ttl()) {
+        LeaseStep::Gone => return Ok(None),
+        LeaseStep::LeaveAlone => return Ok(Some(lease)),
+        LeaseStep::KeepAlive => return keep_alive(conn, lease).await,
+        LeaseStep::MoveTo(ttl) => ttl,
+    };
+    // Move the key onto a new lease, and give the old one back.
     let record = item.record.as_str();
-    let left_at_most = Duration::from_secs(u64::try_from(now.ttl()).unwrap_or(0) + 1);
-    let moved_to = conn
-        .grant_record(item.ttl.max(left_at_most), context)
-        .await?;
+    let moved_to = conn.grant_record(new_ttl, context).await?;
     let moved = conn
         .txn(
             Txn::new()
