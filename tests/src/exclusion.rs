@@ -22,6 +22,13 @@
 //! - `R <key> <token> <1|0|e> <t>`: the store accepted it, refused it as stale, or the call
 //!   failed; `t` is when the answer came back;
 //! - `E <key> <token> <t>`: the holder let go; `t` is its last passing check.
+//! - `M <key> <token> <sent> <min_hold>`: the lease was asked with `min_hold` (us), by a call
+//!   sent at `sent`: no other lease of the key may begin before `sent + min_hold`.
+//! - `C <key> <token> <sent> <answered> <retention>`: `complete()` of a `once` lease, sent at
+//!   `sent`, answered "done" at `answered`: no lease of the key (all of whose acquires use
+//!   `once`) may begin between `answered` and `sent + retention`.
+//! - `S <t>`: the process's `shutdown()` began at `t`: no lease it logs after this line may
+//!   have been handed out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -105,6 +112,12 @@ pub struct Holding {
     pub end_us: u64,
     /// Its operations on the fenced store, in order.
     pub ops: Vec<Op>,
+    /// Asked with a min_hold: when the acquire was sent, and the min_hold (us).
+    pub min_hold: Option<(u64, u64)>,
+    /// Completed (`once`): sent, answered, retention (us).
+    pub completed: Option<(u64, u64, u64)>,
+    /// Handed out after its process's `shutdown()` began.
+    pub after_shutdown: bool,
 }
 
 /// A failover the driving test injected, on the monotonic clock: the old master died at
@@ -123,6 +136,7 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
     let mut holdings: Vec<Holding> = Vec::new();
     // The token's latest holding; a token granted twice keeps both (the checker counts it).
     let mut latest: HashMap<String, usize> = HashMap::new();
+    let mut shut_down = false;
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
@@ -139,8 +153,29 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                     start_us: t,
                     end_us: t,
                     ops: Vec::new(),
+                    min_hold: None,
+                    completed: None,
+                    after_shutdown: shut_down,
                 });
             }
+            ["M", _, token, sent, min_hold] => {
+                if let (Some(&i), Ok(sent), Ok(min_hold)) =
+                    (latest.get(*token), sent.parse(), min_hold.parse())
+                {
+                    holdings[i].min_hold = Some((sent, min_hold));
+                }
+            }
+            ["C", _, token, sent, answered, retention] => {
+                if let (Some(&i), Ok(sent), Ok(answered), Ok(retention)) = (
+                    latest.get(*token),
+                    sent.parse(),
+                    answered.parse(),
+                    retention.parse(),
+                ) {
+                    holdings[i].completed = Some((sent, answered, retention));
+                }
+            }
+            ["S", _] => shut_down = true,
             ["W", _, token, t] => {
                 if let (Some(&i), Ok(t)) = (latest.get(*token), t.parse::<u64>()) {
                     let h = &mut holdings[i];
@@ -194,6 +229,10 @@ pub struct Report {
     /// Operations the store refused as stale although no newer lease (higher fence) of the
     /// key had been granted before the answer: a fence that went backwards or repeated.
     pub refused_unexplained: usize,
+    /// Leases asked with a min_hold, whose window was checked.
+    pub min_hold_windows: usize,
+    /// `once` completions, whose retention was checked.
+    pub once_completions: usize,
     /// Overlaps no injected failover explains, and unexplained refusals, described.
     pub violations: Vec<String>,
 }
@@ -211,6 +250,8 @@ pub fn check(holdings: &[Holding], failovers: &[Failover]) -> Report {
         holdings: holdings.len(),
         ..Report::default()
     };
+    report.min_hold_windows = holdings.iter().filter(|h| h.min_hold.is_some()).count();
+    report.once_completions = holdings.iter().filter(|h| h.completed.is_some()).count();
     let mut tokens = HashSet::new();
     report.duplicate_tokens = holdings
         .iter()
@@ -252,8 +293,52 @@ pub fn check(holdings: &[Holding], failovers: &[Failover]) -> Report {
             }
         }
         refusals(leases, &mut report);
+        kept_windows(leases, failovers, &mut report);
+    }
+    for h in holdings.iter().filter(|h| h.after_shutdown) {
+        report.violations.push(format!(
+            "key {}: pid {} was handed a lease (fence {}) after its shutdown() began",
+            h.key, h.pid, h.fence
+        ));
     }
     report
+}
+
+/// Clock slack between the holders' monotonic clock and a store's own expiry clock (the same
+/// machine's, read through another call).
+const STORE_CLOCK_SLACK_US: u64 = 2_000;
+
+/// The windows a store keeps a lock taken after its holder let go: no lease of the key begins
+/// before the min_hold of an earlier one has passed, nor inside the retention of a `once`
+/// completion (unless a failover between the two lost the record or the marker).
+fn kept_windows(leases: &[&Holding], failovers: &[Failover], report: &mut Report) {
+    for a in leases {
+        let kept_until = [
+            a.min_hold
+                .map(|(sent, min_hold)| (a.start_us, sent + min_hold, "min_hold")),
+            a.completed
+                .map(|(sent, answered, retention)| (answered, sent + retention, "once retention")),
+        ];
+        for (after, until, what) in kept_until.into_iter().flatten() {
+            for b in leases.iter().filter(|b| b.token != a.token) {
+                if b.start_us <= after || b.start_us + STORE_CLOCK_SLACK_US >= until {
+                    continue;
+                }
+                if failover_between(a, b, failovers).is_some() {
+                    *report
+                        .excused
+                        .entry("failover inside a kept window")
+                        .or_default() += 1;
+                    continue;
+                }
+                report.violations.push(format!(
+                    "key {}: pid {} (fence {}) began at {} us, inside the {what} of pid {} \
+                     (fence {}), which lasts until {until} us",
+                    a.key, b.pid, b.fence, b.start_us, a.pid, a.fence
+                ));
+            }
+        }
+    }
 }
 
 /// Refusals the holders' history explains: a lease with a higher fence began before the
@@ -342,7 +427,30 @@ mod tests {
                 accepted: Some(true),
                 answered_us: Some(end + 10),
             }],
+            min_hold: None,
+            completed: None,
+            after_shutdown: false,
         }
+    }
+
+    /// A lease handed out after its process's shutdown began, one begun inside an earlier
+    /// lease's min_hold, one begun inside a `once` retention: each is found, and a lease begun
+    /// after the window is not.
+    #[test]
+    fn kept_windows_and_shutdowns_are_checked() {
+        let mut late = holding(1, "late", 1, 0, 100);
+        late.after_shutdown = true;
+        assert_eq!(check(&[late], &[]).violations.len(), 1);
+        let mut held = holding(1, "a", 1, 1_000, 2_000);
+        held.min_hold = Some((900, 50_000));
+        let inside = holding(2, "b", 2, 20_000, 21_000);
+        let after = holding(3, "c", 3, 60_000, 61_000);
+        let report = check(&[held.clone(), inside.clone(), after.clone()], &[]);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
+        held.min_hold = None;
+        held.completed = Some((1_500, 1_900, 50_000));
+        let report = check(&[held, inside, after], &[]);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
     }
 
     /// The checker must be able to fail: an overlap with no failover behind it is a

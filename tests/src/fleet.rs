@@ -121,6 +121,19 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Worker processes whose log says their runtime shut down mid-run.
+    fn shut_down(&self) -> usize {
+        self.spawned
+            .iter()
+            .filter(|(_, log)| {
+                std::fs::read_to_string(log)
+                    .is_ok_and(|text| text.lines().any(|l| l.starts_with("S ")))
+            })
+            .count()
+    }
+}
+
 /// What a run left behind, from the workers' logs and the stores.
 #[derive(Debug)]
 pub struct Figures {
@@ -165,8 +178,10 @@ impl Fleet {
                 .get_multiplexed_async_connection()
                 .await
                 .expect("connect to the resource");
-            for k in 0..KEYS {
-                let state = counter_state(&mut conn, &format!("k{k}"))
+            // `k<n>` keys, and `o<n>` keys taken with `once`.
+            let keys = (0..KEYS).flat_map(|k| [format!("k{k}"), format!("o{k}")]);
+            for key in keys {
+                let state = counter_state(&mut conn, &key)
                     .await
                     .expect("reading a counter");
                 figures.increments += state.accepted.len();
@@ -178,7 +193,7 @@ impl Fleet {
                     .count();
                 if state.value != state.accepted.len() as u64 {
                     figures.counter_violations.push(format!(
-                        "k{k}: counter {} but {} accepted increments",
+                        "{key}: counter {} but {} accepted increments",
                         state.value,
                         state.accepted.len()
                     ));
@@ -213,7 +228,9 @@ impl Fleet {
              \"superseded_ops\": {},\n  \"stale_writes_accepted\": {},\n  \
              \"overlaps_excused\": {:?},\n  \"violations\": {},\n  \
              \"fence_order_violations\": {fence_order},\n  \"duplicate_tokens\": {},\n  \
-             \"lost_updates\": {},\n  \"faults\": {:?}\n}}\n",
+             \"lost_updates\": {},\n  \"min_hold_windows\": {},\n  \
+             \"once_completions\": {},\n  \"processes_shut_down\": {},\n  \
+             \"faults\": {:?}\n}}\n",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             report.holdings,
             self.spawned.len(),
@@ -224,6 +241,9 @@ impl Fleet {
             report.violations.len(),
             report.duplicate_tokens,
             counter_violations.len(),
+            report.min_hold_windows,
+            report.once_completions,
+            self.shut_down(),
             faults,
         );
         println!("soak: {json}");

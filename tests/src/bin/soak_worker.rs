@@ -5,6 +5,12 @@
 //! write's outcome and the end of each lease go to an event log for the exclusion checker
 //! (`lock_tests::exclusion`). Prints `done` at the end.
 //!
+//! Each lease draws its calls from the public API: `try_acquire` or `acquire_timeout`, a ttl
+//! of 0.3-2 s, sometimes `min_hold`, `max_hold`, an `extend` to a ttl of its own mid-work, and
+//! let go by `release()` or a drop; keys `o<n>` are taken with `once` and let go by
+//! `complete()`. One process in three shuts its runtime down at a random moment, with
+//! acquires in flight, and ends.
+//!
 //! Usage: `soak_worker LOCK_URL RESOURCE_URL KEYS SECONDS SEED TASKS LOG_PATH [careless]`
 //! (`LOCK_URL`: `redis://..`, `postgres://..`, or `etcd:` and the endpoints separated by commas)
 //!
@@ -14,7 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockGuard, LockRuntime};
+use lock_runtime::{LockError, LockGuard, LockRuntime};
 use lock_tests::exclusion::{EventLog, monotonic_us};
 use lock_tests::fenced::{counter_read, counter_set};
 use lock_tests::rng::XorShift;
@@ -64,6 +70,21 @@ async fn main() -> anyhow::Result<()> {
     let resource = redis::Client::open(resource_url.as_str())?
         .get_connection_manager()
         .await?;
+    // One process in three shuts down mid-run, while its tasks acquire and hold, and ends.
+    let mut draws = XorShift::mixed(seed ^ 0x5d0f_2a11);
+    let shutdown_after = (!careless && draws.below(3) == 0).then(|| {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .mul_f64(draws.below(100) as f64 / 100.0)
+    });
+    if let Some(after) = shutdown_after {
+        let (runtime, log) = (runtime.clone(), log.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            log.line(format_args!("S {}", monotonic_us()));
+            runtime.shutdown().await;
+        });
+    }
     let mut handles = Vec::new();
     for task in 0..tasks.parse::<u64>()? {
         let rng = XorShift::mixed(seed.wrapping_add(task));
@@ -88,6 +109,47 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Lease lengths a careful worker draws from.
+const TTLS_MS: [u64; 4] = [300, 600, 1_000, 2_000];
+
+/// One lease's calls, drawn.
+struct Plan {
+    ttl: Duration,
+    min_hold: Option<Duration>,
+    max_hold: Option<Duration>,
+    once: Option<Duration>,
+    try_only: bool,
+    extend_to: Option<Duration>,
+    drop_it: bool,
+}
+
+impl Plan {
+    fn draw(rng: &mut XorShift, careless: bool, once: bool) -> Self {
+        if careless {
+            return Plan {
+                ttl: Duration::from_millis(600),
+                min_hold: None,
+                max_hold: None,
+                once: None,
+                try_only: false,
+                extend_to: None,
+                drop_it: false,
+            };
+        }
+        let ttl = Duration::from_millis(TTLS_MS[rng.below(4) as usize]);
+        let pick = |rng: &mut XorShift| Duration::from_millis(TTLS_MS[rng.below(4) as usize]);
+        Plan {
+            ttl,
+            min_hold: (rng.below(8) == 0).then(|| ttl.mul_f64(rng.below(100) as f64 / 100.0)),
+            max_hold: (rng.below(8) == 0).then(|| ttl * (1 + rng.below(3) as u32)),
+            once: once.then(|| Duration::from_millis(200 + rng.below(800))),
+            try_only: rng.below(3) == 0,
+            extend_to: (rng.below(4) == 0).then(|| pick(rng)),
+            drop_it: rng.below(4) == 0,
+        }
+    }
+}
+
 async fn work(
     runtime: LockRuntime,
     mut resource: ConnectionManager,
@@ -98,16 +160,42 @@ async fn work(
     careless: bool,
 ) {
     while Instant::now() < deadline {
-        let key = format!("k{}", rng.below(keys));
-        let Ok(guard) = runtime
+        // One lease in ten on a key taken only with `once`.
+        let once = !careless && rng.below(10) == 0;
+        let key = format!("{}{}", if once { "o" } else { "k" }, rng.below(keys));
+        let plan = Plan::draw(&mut rng, careless, once);
+        let mut request = runtime
             .lock(key.as_str())
-            .ttl(Duration::from_millis(600))
+            .ttl(plan.ttl)
             // A careless holder's lease is not renewed, so it does run out under it.
-            .watchdog(!careless)
-            .acquire_timeout(Duration::from_secs(1))
-            .await
-        else {
-            continue;
+            .watchdog(!careless);
+        if let Some(min_hold) = plan.min_hold {
+            request = request.min_hold(min_hold);
+        }
+        if let Some(max_hold) = plan.max_hold {
+            request = request.max_hold(max_hold);
+        }
+        if let Some(retention) = plan.once {
+            request = request.once(retention);
+        }
+        let sent = monotonic_us();
+        let got = if plan.try_only {
+            request.try_acquire().await
+        } else {
+            request
+                .acquire_timeout(Duration::from_secs(1))
+                .await
+                .map(Some)
+        };
+        let guard = match got {
+            Ok(Some(guard)) => guard,
+            Err(LockError::Shutdown) => return,
+            Ok(None) | Err(_) => {
+                if plan.try_only {
+                    tokio::time::sleep(Duration::from_millis(rng.below(50))).await;
+                }
+                continue;
+            }
         };
         let lease = guard.lease();
         let (fence, token) = (lease.fence(), lease.token().to_owned());
@@ -119,6 +207,15 @@ async fn work(
             continue;
         }
         log.line(format_args!("G {key} {fence} {token} {first_check}"));
+        if let Some(min_hold) = plan.min_hold {
+            log.line(format_args!(
+                "M {key} {token} {sent} {}",
+                min_hold.as_micros()
+            ));
+        }
+        if let Some(ttl) = plan.extend_to {
+            let _ = guard.extend(ttl).await;
+        }
         // One hold in ten outlasts a renewal and a failover's few hundred milliseconds.
         let work_ms = if careless {
             rng.below(1500)
@@ -138,7 +235,20 @@ async fn work(
         )
         .await;
         log.line(format_args!("E {key} {token} {last_valid}"));
-        let _ = guard.release().await;
+        if let Some(retention) = plan.once {
+            let sent = monotonic_us();
+            if let Ok(true) = guard.complete().await {
+                log.line(format_args!(
+                    "C {key} {token} {sent} {} {}",
+                    monotonic_us(),
+                    retention.as_micros()
+                ));
+            }
+        } else if plan.drop_it {
+            drop(guard);
+        } else {
+            let _ = guard.release().await;
+        }
     }
 }
 
