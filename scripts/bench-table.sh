@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's benchmark table, generated from the results file its marker names:
+# The benchmark table of docs/benchmarks.md, generated from the results file its marker names:
 #
 #   <!-- bench-table: bench/results-....json -->
 #   ...generated lines...
@@ -13,13 +13,13 @@
 # then point the marker at it and run this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-file=$(sed -n 's/^<!-- bench-table: \([^ ]*\) -->$/\1/p' README.md)
+file=$(sed -n 's/^<!-- bench-table: \([^ ]*\) -->$/\1/p' docs/benchmarks.md)
 if [ -z "$file" ]; then
-    echo "README.md has no '<!-- bench-table: FILE -->' marker" >&2
+    echo "docs/benchmarks.md has no '<!-- bench-table: FILE -->' marker" >&2
     exit 1
 fi
-if [ "$(grep -c '^<!-- bench-table: ' README.md)" != 1 ] || [ "$(grep -c '^<!-- /bench-table -->$' README.md)" != 1 ]; then
-    echo "README.md needs exactly one '<!-- bench-table: FILE -->' and one '<!-- /bench-table -->' line" >&2
+if [ "$(grep -c '^<!-- bench-table: ' docs/benchmarks.md)" != 1 ] || [ "$(grep -c '^<!-- /bench-table -->$' docs/benchmarks.md)" != 1 ]; then
+    echo "docs/benchmarks.md needs exactly one '<!-- bench-table: FILE -->' and one '<!-- /bench-table -->' line" >&2
     exit 1
 fi
 table=$(mktemp)
@@ -30,14 +30,14 @@ awk -v table="$table" '
     /^<!-- bench-table: / { print; while ((getline line < table) > 0) print line; skip = 1; next }
     /^<!-- \/bench-table -->$/ { skip = 0 }
     !skip { print }
-' README.md > "$readme"
+' docs/benchmarks.md > "$readme"
 if [ "${1:-}" = "--check" ]; then
-    if ! diff -u README.md "$readme"; then
-        echo "README.md's benchmark table differs from $file: run scripts/bench-table.sh" >&2
+    if ! diff -u docs/benchmarks.md "$readme"; then
+        echo "docs/benchmarks.md's benchmark table differs from $file: run scripts/bench-table.sh" >&2
         exit 1
     fi
-    echo "README.md's benchmark table matches $file"
+    echo "docs/benchmarks.md's benchmark table matches $file"
 else
-    cp "$readme" README.md
-    echo "README.md's benchmark table regenerated from $file"
+    cp "$readme" docs/benchmarks.md
+    echo "docs/benchmarks.md's benchmark table regenerated from $file"
 fi

@@ -77,10 +77,10 @@ cargo run -q --locked -p lock-tests --bin with_etcd -- \
 cargo run -q --locked -p lock-tests --bin with_etcd -- \
     cargo run -q --locked -p lock-examples --example multi_process
 
-# The README's benchmark table is the one its results file gives (no hand edits).
+# The benchmark table of docs/benchmarks.md is the one its results file gives (no hand edits).
 ./scripts/bench-table.sh --check
 # The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
-# quoted anywhere; the README's table comes from a full release run).
+# quoted anywhere; the table in docs/benchmarks.md comes from a full release run).
 cargo run -q --locked -p lock-bench -- --quick
 # Where a pair's server time goes, quick mode (it also checks that every variant did its work).
 cargo run -q --locked -p lock-bench -- --script-costs --quick

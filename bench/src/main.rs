@@ -8,7 +8,7 @@
 //! cargo run --release -p lock-bench -- --json results.json
 //! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
 //! cargo run --release -p lock-bench -- --etcd-only [--quick]  # the etcd rows alone, printed
-//! cargo run -p lock-bench -- --table results.json       # the README's table from a results file
+//! cargo run -p lock-bench -- --table results.json       # the table of docs/benchmarks.md from a results file
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
 //! cargo run --release -p lock-bench -- --macro-overhead [--quick] [--json PATH]  # row 6 taken apart
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes

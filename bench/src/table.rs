@@ -1,5 +1,5 @@
-//! The README's benchmark table, made from a results file and nothing else: the figures a
-//! reader sees are the figures the run wrote (`scripts/bench-table.sh` puts it in the README
+//! The benchmark table of docs/benchmarks.md, made from a results file and nothing else: the figures a
+//! reader sees are the figures the run wrote (`scripts/bench-table.sh` puts it in docs/benchmarks.md
 //! and CI checks that it still matches).
 
 use std::fmt::Write;

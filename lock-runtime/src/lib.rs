@@ -73,20 +73,11 @@ pub use lease::{Lease, LockInfo};
 /// # Ok(()) }
 /// ```
 ///
-/// Options (durations take `ms`, `s`, `m`, `h`, `d`, summed: `"1m30s"`):
-///
-/// | option | meaning | default |
-/// |---|---|---|
-/// | `key = "..."` | the lock key; `{param}`, `{param.field}`, `{self.field}` placeholders (`Display`) | required |
-/// | `ttl = "60s"` | lease length; how long a crashed holder blocks others | the runtime's `default_ttl` |
-/// | `min_hold = "10s"` | keep the lock at least this long after acquiring (`<= ttl`) | none |
-/// | `max_hold = "2h"` | stop renewing after this; the lease then expires (`>= ttl`) | renew while running |
-/// | `on_contention = "skip"` | `"skip"`: return "did not run"; `"wait"`: wait for it; `"error"`: `LockError::Contended` | `"skip"` |
-/// | `wait_timeout = "30s"` | with `"wait"`: give up with `LockError::WaitTimeout` | wait forever |
-/// | `watchdog = true` | renew at ttl/3 while the body runs | `true` |
-/// | `on_lost = "abort"` | `"abort"`: drop the body when the lease is lost and return `LockError::Lost`; `"continue"`: let it finish | `"abort"` |
-/// | `once = "7d"` | after a successful run, skip this key for this long | off |
-/// | `crate = "path"` | path of a renamed `lock_runtime` dependency | `::lock_runtime` |
+/// Options: `key` (required; `{param}`, `{param.field}`, `{self.field}` placeholders), `ttl`,
+/// `min_hold`, `max_hold`, `on_contention` (`"skip"`, `"wait"`, `"error"`), `wait_timeout`,
+/// `watchdog`, `on_lost` (`"abort"`, `"continue"`), `once` and `crate`. Their meanings and
+/// defaults are in the table of the project README ("The attribute's options", also the
+/// crate's page on crates.io), and each with the code it stands for in `docs/attribute.md`.
 ///
 /// What a call returns when the body did not run is decided by its return type: `()` and
 /// `Option<T>` (`None`) log lock errors with `tracing::error!`; `Result<T, E>` with
@@ -107,3 +98,8 @@ pub use store::MemoryStore;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The same for the pages of `docs/` that hold Rust code.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operations.md")]
+pub struct OperationsDoctests;

@@ -1,6 +1,6 @@
 //! Writing a store: a complete lock store over a `tokio::sync::Mutex<HashMap>`, plugged in
-//! through `LockStore` and proved by the whole conformance kit (the README's "Writing a
-//! store" walks through it). A real store keeps the same shape: each method one atomic step
+//! through `LockStore` and proved by the whole conformance kit (docs/stores/writing-a-store.md
+//! walks through it). A real store keeps the same shape: each method one atomic step
 //! on the backing storage, times from the storage's clock, a fence counter that never goes
 //! back, and a `ReleaseHub` (or the storage's own notifications) to wake waiters.
 

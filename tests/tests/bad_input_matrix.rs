@@ -1,6 +1,6 @@
 //! The bad-input matrix: every kind of bad input to the builder, the programmatic API and the
 //! attribute's runtime path gets a clear `LockError` (or a clear `false`), never a panic. Run
-//! with `--nocapture` to print the table that README.md shows.
+//! with `--nocapture` to print the table that docs/guarantees.md shows.
 
 use std::future::Future;
 use std::net::TcpListener;

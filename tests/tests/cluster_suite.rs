@@ -357,7 +357,7 @@ async fn a_restricted_waiter_hears_releases_of_unrestricted_runtimes() {
         +hget +hmget +pexpire +set +get +del +publish +cluster|slots +cluster|nodes +readonly \
         +asking"
             .to_owned();
-    // As the README says: the sharded commands from 7.0, CLIENT SETINFO from 7.2.
+    // As docs/security.md says: the sharded commands from 7.0, CLIENT SETINFO from 7.2.
     let version = lock_tests::server::server_version();
     if version >= (7, 0) {
         rule.push_str(" +ssubscribe +sunsubscribe +spublish +cluster|shards");

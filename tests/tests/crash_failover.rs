@@ -13,14 +13,14 @@
 //! (without persistence, and with `appendfsync always`), or step their clocks forward past the
 //! ttl (emulated on the records, see `redlock_trial`).
 //!
-//! Each trial's outcome is printed; the counts per topology x option x race are the README's
+//! Each trial's outcome is printed; the counts per topology x option x race are docs/reliability.md's
 //! crash-failover table. `CRASH_TRIALS=50` for the full run (default 2 per row);
 //! `CRASH_RESULTS=<file>` appends the rows as JSON lines. Asserted: with `replicated_acquire`
 //! no double grant; Redlock safe (A granted, B refused, every trial) when only a minority is
 //! hit or the restarted masters kept their data; and in every trial where both A and B were
 //! granted, B's fence is above A's (the hybrid fence of DESIGN.md §5). The rows where
 //! double grants are expected (no `replicated_acquire`, a Redlock majority losing the record)
-//! are counted, not asserted: they are what the README warns about.
+//! are counted, not asserted: they are what docs/reliability.md warns about.
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockRuntime, distributed_lock};
 use lock_tests::RedisServer;
 
-/// The minimal ACL rule for a lock user of namespace `lock`, as documented in README.md.
+/// The minimal ACL rule for a lock user of namespace `lock`, as documented in docs/security.md.
 const LOCK_USER_ACL: &str = "on >s3cret-lock-pw ~lock:* resetchannels &lock:* -@all +ping +hello \
 +evalsha +eval +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait \
 +pttl +type +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish";
