@@ -157,14 +157,17 @@ impl LockGuard {
             done_retention,
             state.release_window(),
         );
-        // Lost before the release was sent (its validity over, or reported lost): a record
-        // found gone then was not this release's doing.
-        let lapsed = state.is_lost();
         let outcome = self
             .runtime
             .backend
             .release(&state.names, &state.token, done_retention)
             .await;
+        // A record a retried release found gone was freed by the first try only if it could
+        // not have expired meanwhile: the lease still valid when the answer came (its validity
+        // ends before the store's expiry). Judged at the answer, not at the send: a first try
+        // that never landed, and a record that expired before the retry, must not read as
+        // released, or a `once` marker would look older than a grant made in between.
+        let lapsed = state.is_lost();
         match &outcome {
             // A passing failure (a network blip, a failover): the same release, marker
             // included, is tried again in the background until the lease would have expired

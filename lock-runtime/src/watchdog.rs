@@ -60,7 +60,7 @@ pub(crate) struct WatchdogHandle {
     fallback: (SharedBackend, Duration),
     /// True from the start of a shutdown: failed releases are no longer tried again, so the
     /// shutdown ends.
-    stopping: Arc<AtomicBool>,
+    stopping: Arc<Stopping>,
     /// Work the driver does not track: releases a holder awaits itself, acquires on their way,
     /// and releases started after the driver stopped. A shutdown waits for them too.
     in_flight: Arc<InFlight>,
@@ -112,7 +112,7 @@ impl WatchdogHandle {
         let fallback = (backend.clone(), command_timeout);
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         let (results_tx, results_rx) = mpsc::unbounded_channel();
-        let stopping = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::new(Stopping::default());
         let driver = Driver {
             backend,
             command_timeout,
@@ -223,7 +223,7 @@ struct Driver {
     backend: SharedBackend,
     command_timeout: Duration,
     /// Set when a shutdown begins (see [`WatchdogHandle`]).
-    stopping: Arc<AtomicBool>,
+    stopping: Arc<Stopping>,
     entries: HashMap<u64, Entry>,
     heap: BinaryHeap<Reverse<(Instant, u64, u64)>>,
     results_tx: mpsc::UnboundedSender<RenewReport>,
@@ -237,7 +237,7 @@ impl Drop for Driver {
     /// However the driver ends (stopped, or its task cancelled with its tokio runtime), the
     /// releases it started stop trying again.
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::Release);
+        self.stopping.set();
     }
 }
 
@@ -326,7 +326,7 @@ impl Driver {
     /// answers the shutdown callers.
     async fn stop(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         // The runtime is gone or shut down: no release is tried again from here, so this ends.
-        self.stopping.store(true, Ordering::Release);
+        self.stopping.set();
         commands.close();
         while let Ok(command) = commands.try_recv() {
             self.handle(command);
@@ -383,7 +383,7 @@ impl Driver {
                 self.spawn_release(job);
             }
             Command::Shutdown { grace, done } => {
-                self.stopping.store(true, Ordering::Release);
+                self.stopping.set();
                 let now = Instant::now();
                 let grace_end = now
                     .checked_add(grace)
@@ -552,7 +552,7 @@ async fn run_release(
     backend: SharedBackend,
     timeout: Duration,
     job: ReleaseJob,
-    stopping: Arc<AtomicBool>,
+    stopping: Arc<Stopping>,
 ) {
     let mut pause = Duration::from_millis(100);
     loop {
@@ -580,15 +580,51 @@ async fn run_release(
         let again = job
             .retry_until
             .is_some_and(|until| Instant::now() + pause < until)
-            && !stopping.load(Ordering::Acquire);
+            && !stopping.is_set();
         if !again {
             tracing::warn!(key = %job.names.key, error = %failure, "release failed; the lease will expire by its ttl");
             return;
         }
         tracing::debug!(key = %job.names.key, error = %failure, "release failed; trying again");
         // Jittered: the releases that failed together (an outage) do not all come back at once.
-        tokio::time::sleep(pause / 2 + jitter(pause / 2)).await;
+        // A shutdown that begins meanwhile cuts the pause short: one last try at once, rather
+        // than holding the shutdown up for the rest of the pause.
+        stopping.sleep(pause / 2 + jitter(pause / 2)).await;
         pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Set once a shutdown begins (or the driver ends): background releases stop trying again, and
+/// one pausing between two tries makes its last try at once.
+#[derive(Debug, Default)]
+pub(crate) struct Stopping {
+    set: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Stopping {
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        self.wake.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
+
+    /// Sleeps `pause`, or until the shutdown begins.
+    async fn sleep(&self, pause: Duration) {
+        let woken = self.wake.notified();
+        tokio::pin!(woken);
+        // Registered before the flag is read, so a `set` in between still wakes it.
+        woken.as_mut().enable();
+        if self.is_set() {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = woken => {}
+        }
     }
 }
 

@@ -90,7 +90,7 @@ mod quorum_members {
         }
     }
 
-    /// How a [`Renews`] member answers renewals.
+    /// How a [`Scripted`] member answers renewals.
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum Answer {
         AsItIs,
@@ -98,24 +98,38 @@ mod quorum_members {
         Error,
     }
 
-    /// A memory store whose renewals answer as told; everything else as the store does.
+    /// A memory store whose renewals answer as told, and whose releases fail (a transient
+    /// error) while told to; everything else as the store does.
     #[derive(Clone)]
-    struct Renews(MemoryStore, std::sync::Arc<std::sync::Mutex<Answer>>);
+    pub(super) struct Scripted(
+        MemoryStore,
+        std::sync::Arc<std::sync::Mutex<Answer>>,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    );
 
-    impl Renews {
-        fn new() -> Self {
-            Renews(
+    impl Scripted {
+        pub(super) fn new() -> Self {
+            Scripted(
                 MemoryStore::new(),
                 std::sync::Arc::new(std::sync::Mutex::new(Answer::AsItIs)),
+                std::sync::Arc::default(),
             )
         }
 
         fn answer(&self, answer: Answer) {
             *self.1.lock().expect("answer") = answer;
         }
+
+        pub(super) fn fail_releases(&self, fail: bool) {
+            self.2.store(fail, std::sync::atomic::Ordering::SeqCst);
+        }
+
+        pub(super) fn store(&self) -> &MemoryStore {
+            &self.0
+        }
     }
 
-    impl LockStore for Renews {
+    impl LockStore for Scripted {
         async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
             self.0.acquire(r).await
         }
@@ -125,6 +139,9 @@ mod quorum_members {
             token: &str,
             done_retention: Option<Duration>,
         ) -> Result<ReleaseOutcome, LockError> {
+            if self.2.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(lock_runtime::BackendError::transient("releases fail").into());
+            }
             self.0.release(names, token, done_retention).await
         }
         async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
@@ -172,7 +189,7 @@ mod quorum_members {
     /// can renew any more is a loss.
     #[tokio::test]
     async fn a_quorum_renewal_that_cannot_tell_is_not_a_loss() {
-        let members: Vec<Renews> = (0..3).map(|_| Renews::new()).collect();
+        let members: Vec<Scripted> = (0..3).map(|_| Scripted::new()).collect();
         let runtime = LockRuntime::builder()
             .redlock_stores(members.iter().cloned())
             .build()
@@ -233,5 +250,58 @@ mod quorum_members {
         );
         assert!(guard.lease().is_lost());
         runtime.shutdown().await;
+    }
+}
+
+mod background_releases {
+    use std::time::Duration;
+
+    use lock_runtime::LockRuntime;
+    use lock_runtime::store::{KeyNames, LockStore};
+    use tokio::time::Instant;
+
+    use super::quorum_members::Scripted;
+
+    /// A shutdown that begins while a dropped guard's background release pauses between two
+    /// tries (100 ms doubling to 2 s) makes its last try at once, instead of holding the
+    /// shutdown up for the rest of the pause. Paused time: the figures are the runtime's
+    /// own timers, not the machine's speed.
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_cuts_the_pause_between_release_tries_short() {
+        let store = Scripted::new();
+        let runtime = LockRuntime::builder()
+            .store(store.clone())
+            .build()
+            .await
+            .expect("a runtime");
+        let guard = runtime
+            .lock("pausing")
+            .ttl(Duration::from_secs(60))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        store.fail_releases(true);
+        drop(guard);
+        // Five tries have failed by now; the sixth waits out a pause of 1-2 s.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        store.fail_releases(false);
+        let began = Instant::now();
+        runtime.shutdown().await;
+        let took = began.elapsed();
+        assert!(
+            took < Duration::from_millis(50),
+            "shutdown waited {took:?} for a release pausing between tries"
+        );
+        let names = KeyNames::new("lock", "pausing");
+        assert!(
+            store
+                .store()
+                .inspect(&names)
+                .await
+                .expect("inspect")
+                .is_none(),
+            "the last try, made at the shutdown, released it"
+        );
     }
 }

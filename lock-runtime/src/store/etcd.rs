@@ -120,7 +120,6 @@ impl Drop for Unanswered {
     }
 }
 
-/// Whole seconds, rounded up, at least one: what an etcd lease can say.
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

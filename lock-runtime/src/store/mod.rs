@@ -133,8 +133,8 @@ pub enum ReleaseOutcome {
     NotOwner,
     /// The release was sent again after its connection broke, and the second send found the
     /// record no longer ours: the first send most likely released it and its answer was lost.
-    /// The runtime reports it released while the holder's lease was still valid, and no
-    /// longer ours otherwise. (A store that cannot tell answers `NotOwner`.)
+    /// The runtime reports it released when the holder's lease is still valid at the answer
+    /// (so the record cannot have expired meanwhile), and no longer ours otherwise. (A store that cannot tell answers `NotOwner`.)
     GoneAfterRetry,
 }
 
