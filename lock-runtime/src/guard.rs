@@ -167,7 +167,7 @@ impl LockGuard {
         // ends before the store's expiry). Judged at the answer, not at the send: a first try
         // that never landed, and a record that expired before the retry, must not read as
         // released, or a `once` marker would look older than a grant made in between.
-        let lapsed = state.is_lost();
+        let lapsed = state.is_lost() || Instant::now() >= state.valid_until();
         match &outcome {
             // A passing failure (a network blip, a failover): the same release, marker
             // included, is tried again in the background until the lease would have expired

@@ -90,9 +90,18 @@ impl EtcdCluster {
 
     fn try_start(size: usize, certs: Option<PathBuf>) -> Result<Self, String> {
         let binary = etcd_binary();
+        // On the RAM disk when the machine has one: every etcd write waits for its fsync, and
+        // under the test run's parallel load a disk's fsync took over a second, long enough
+        // for a three-member cluster to miss heartbeats and a 3 s lease to end at its grant.
+        let shm = std::path::Path::new("/dev/shm");
+        let parent = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
         let dir = tempfile::Builder::new()
             .prefix("etcd-")
-            .tempdir()
+            .tempdir_in(parent)
             .expect("creating a temp dir for etcd");
         let ports = distinct_free_ports(3 * size);
         let members: Vec<EtcdMember> = (0..size)

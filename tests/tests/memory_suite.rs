@@ -251,6 +251,51 @@ mod quorum_members {
         assert!(guard.lease().is_lost());
         runtime.shutdown().await;
     }
+
+    /// A quorum release that one member took while the others failed (a passing error) is a
+    /// failure to retry, not a release: until a quorum of members no longer holds the record,
+    /// nobody else can take the lock. Dropping the outcome there left the record on two of
+    /// three members for the rest of its ttl.
+    #[tokio::test]
+    async fn a_release_a_quorum_did_not_take_is_tried_again() {
+        let members: Vec<Scripted> = (0..3).map(|_| Scripted::new()).collect();
+        let runtime = |owner: &'static str| {
+            LockRuntime::builder()
+                .redlock_stores(members.iter().cloned())
+                .owner(owner)
+                .build()
+        };
+        let (a, b) = (
+            runtime("a").await.expect("a"),
+            runtime("b").await.expect("b"),
+        );
+        let guard = a
+            .lock("half-released")
+            .ttl(Duration::from_secs(30))
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        members[1].fail_releases(true);
+        members[2].fail_releases(true);
+        let released = guard.release().await;
+        assert!(
+            released.as_ref().is_err_and(LockError::is_transient),
+            "one member of three released it: {released:?}"
+        );
+        members[1].fail_releases(false);
+        members[2].fail_releases(false);
+        let got = b
+            .lock("half-released")
+            .acquire_timeout(Duration::from_secs(5))
+            .await;
+        assert!(
+            got.is_ok(),
+            "the release, tried again, frees a quorum well before the 30 s ttl: {got:?}"
+        );
+        a.shutdown().await;
+        b.shutdown().await;
+    }
 }
 
 mod background_releases {

@@ -361,13 +361,10 @@ impl RedlockBackend {
                 Err(e) => errors.push(e),
             }
         }
-        if kept > 0 {
-            Ok(ReleaseOutcome::KeptForMinHold)
-        } else if released > 0 {
-            Ok(ReleaseOutcome::Released)
-        } else if gone > 0 {
-            Ok(ReleaseOutcome::GoneAfterRetry)
-        } else if errors.len() > self.nodes.len() - self.quorum {
+        // Too many members that may still hold the record for a quorum to be free: a failure,
+        // tried again, even when some member took it (otherwise the record stays on the
+        // others for the rest of its ttl, and nobody can take the lock).
+        if errors.len() > self.nodes.len() - self.quorum {
             Err(self.failure(
                 format!(
                     "redlock release of `{}` reached too few masters: {}",
@@ -376,6 +373,12 @@ impl RedlockBackend {
                 ),
                 &errors,
             ))
+        } else if kept > 0 {
+            Ok(ReleaseOutcome::KeptForMinHold)
+        } else if released > 0 {
+            Ok(ReleaseOutcome::Released)
+        } else if gone > 0 {
+            Ok(ReleaseOutcome::GoneAfterRetry)
         } else {
             Ok(ReleaseOutcome::NotOwner)
         }
