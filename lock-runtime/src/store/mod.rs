@@ -134,7 +134,8 @@ pub enum ReleaseOutcome {
     /// The release was sent again after its connection broke, and the second send found the
     /// record no longer ours: the first send most likely released it and its answer was lost.
     /// The runtime reports it released when the holder's lease is still valid at the answer
-    /// (so the record cannot have expired meanwhile), and no longer ours otherwise. (A store that cannot tell answers `NotOwner`.)
+    /// (so the record cannot have expired meanwhile), and no longer ours otherwise. (A store
+    /// that cannot tell answers `NotOwner`.)
     GoneAfterRetry,
 }
 

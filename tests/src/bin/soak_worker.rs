@@ -136,8 +136,8 @@ impl Plan {
                 drop_it: false,
             };
         }
-        let ttl = Duration::from_millis(TTLS_MS[rng.below(4) as usize]);
         let pick = |rng: &mut XorShift| Duration::from_millis(TTLS_MS[rng.below(4) as usize]);
+        let ttl = pick(rng);
         Plan {
             ttl,
             min_hold: (rng.below(8) == 0).then(|| ttl.mul_f64(rng.below(100) as f64 / 100.0)),
