@@ -13,6 +13,7 @@ fi
 source scripts/lib/steps.sh
 
 step "fmt" cargo fmt --all --check
+step "no import cycle, no file over 600 lines (lock-runtime)" python3 scripts/import-cycles.py
 step "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "unit tests" cargo test --workspace --lib --locked
 step "kit on the memory store" cargo test -p lock-tests --test memory_suite --locked

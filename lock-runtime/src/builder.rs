@@ -9,8 +9,8 @@ use crate::config::{
 };
 use crate::runtime::MetricsLabel;
 use crate::store::{
-    Backend, CustomStore, DEFAULT_NODE_TIMEOUT, DynStore, LockStore, RedisBackend, RedisOptions,
-    RedlockBackend,
+    Backend, DEFAULT_NODE_TIMEOUT, DynStore, LockStore, RedisBackend, RedisOptions, RedlockBackend,
+    Topology,
 };
 #[cfg(feature = "postgres")]
 use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
@@ -52,7 +52,7 @@ enum StoreChoice {
     Redlock(Vec<String>),
     RedlockStores(Vec<Arc<dyn DynStore>>),
     Memory(MemoryStore),
-    Custom(CustomStore),
+    Custom(Box<dyn DynStore>),
     #[cfg(feature = "postgres")]
     Postgres(PostgresTarget),
     #[cfg(feature = "etcd")]
@@ -126,6 +126,13 @@ impl std::fmt::Debug for LockRuntimeBuilder {
             .field("default_ttl", &self.default_ttl)
             .field("owner", &self.owner)
             .finish_non_exhaustive()
+    }
+}
+
+impl LockRuntime {
+    /// Starts configuring a runtime. See [`LockRuntimeBuilder`].
+    pub fn builder() -> LockRuntimeBuilder {
+        LockRuntimeBuilder::default()
     }
 }
 
@@ -323,7 +330,7 @@ impl LockRuntimeBuilder {
     /// simulated one. The runtime keeps every promise of its own (validity, the watchdog,
     /// waiting, shutdown) on top of what the store's calls promise.
     pub fn store(self, store: impl LockStore) -> Self {
-        self.set_store(StoreChoice::Custom(CustomStore::new(store)))
+        self.set_store(StoreChoice::Custom(Box::new(store)))
     }
 
     /// The prefix of every store key (default `"lock"`): records are `<namespace>:{<key>}`.
@@ -450,10 +457,8 @@ impl LockRuntimeBuilder {
                     "no store configured: call .redis(url) or .memory(MemoryStore::new()) on the builder",
                 ));
             }
-            Some(StoreChoice::Memory(store)) => Backend::Memory(store),
-            Some(StoreChoice::Custom(store)) => {
-                Backend::Custom(store.with_timeout(command_timeout))
-            }
+            Some(StoreChoice::Memory(store)) => Backend::new(store),
+            Some(StoreChoice::Custom(store)) => Backend::from_dyn(store, Some(command_timeout)),
             #[cfg(feature = "postgres")]
             Some(StoreChoice::Postgres(target)) => {
                 // Boxed: the connect future is deep, and callers' futures that build a
@@ -468,7 +473,7 @@ impl LockRuntimeBuilder {
                     tls_root_cert: self.tls_root_cert,
                 }))
                 .await?;
-                Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))
+                Backend::from_dyn(Box::new(store), Some(command_timeout))
             }
             #[cfg(feature = "etcd")]
             Some(StoreChoice::Etcd(endpoints)) => {
@@ -480,17 +485,17 @@ impl LockRuntimeBuilder {
                     command_timeout,
                 }))
                 .await?;
-                Backend::Custom(CustomStore::new(store).with_timeout(command_timeout))
+                Backend::from_dyn(Box::new(store), Some(command_timeout))
             }
             Some(StoreChoice::RedlockStores(stores)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
                 check_ttl("node_timeout", node_timeout)?;
-                Backend::Redlock(RedlockBackend::from_stores(stores, node_timeout)?)
+                Backend::new(RedlockBackend::from_stores(stores, node_timeout)?)
             }
             Some(StoreChoice::Redlock(urls)) => {
                 let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
                 check_ttl("node_timeout", node_timeout)?;
-                Backend::Redlock(
+                Backend::new(
                     RedlockBackend::connect(
                         urls,
                         connect_timeout,
@@ -505,7 +510,7 @@ impl LockRuntimeBuilder {
                 let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
                 options.replicated = replicated;
                 options.tls_root_cert = self.tls_root_cert;
-                Backend::Redis(RedisBackend::connect(options).await?)
+                Backend::new(RedisBackend::connect(options).await?)
             }
             Some(StoreChoice::Sentinel(master_name, urls)) => {
                 check_name("sentinel master name", &master_name)?;
@@ -514,11 +519,12 @@ impl LockRuntimeBuilder {
                         "redis_sentinel needs at least one sentinel URL",
                     ));
                 }
-                Backend::Redis(
+                Backend::new(
                     RedisBackend::connect(RedisOptions {
                         urls,
-                        cluster: false,
-                        sentinel_master: Some(master_name),
+                        topology: Topology::Sentinel {
+                            master: master_name,
+                        },
                         replicated,
                         tls_root_cert: self.tls_root_cert,
                         connect_timeout,
@@ -534,11 +540,10 @@ impl LockRuntimeBuilder {
                         "redis_cluster needs at least one seed node URL",
                     ));
                 }
-                Backend::Redis(
+                Backend::new(
                     RedisBackend::connect(RedisOptions {
                         urls,
-                        cluster: true,
-                        sentinel_master: None,
+                        topology: Topology::Cluster,
                         replicated: None,
                         tls_root_cert: self.tls_root_cert,
                         connect_timeout,

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use crate::builder::LockRuntimeBuilder;
 use crate::config::check_name;
 use crate::lease::{LeaseState, TaskIdentity};
 use crate::store::{KeyNames, ReleaseWatch, SharedBackend};
@@ -172,11 +171,6 @@ impl RuntimeInner {
 }
 
 impl LockRuntime {
-    /// Starts configuring a runtime. See [`LockRuntimeBuilder`].
-    pub fn builder() -> LockRuntimeBuilder {
-        LockRuntimeBuilder::default()
-    }
-
     pub(crate) fn from_parts(
         backend: SharedBackend,
         namespace: String,

@@ -1201,14 +1201,15 @@ async fn f04_a_renewal_after_a_min_hold_release_does_not_extend_it() {
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let renewed: Vec<i64> =
-        redis::Script::new(include_str!("../../lock-runtime/src/store/lua/extend.lua"))
-            .key("lock:{kept}")
-            .arg(&token)
-            .arg(60_000)
-            .invoke_async(&mut conn)
-            .await
-            .expect("the extend script");
+    let renewed: Vec<i64> = redis::Script::new(include_str!(
+        "../../lock-runtime/src/store/redis/lua/extend.lua"
+    ))
+    .key("lock:{kept}")
+    .arg(&token)
+    .arg(60_000)
+    .invoke_async(&mut conn)
+    .await
+    .expect("the extend script");
     let pttl: i64 = redis::cmd("PTTL")
         .arg("lock:{kept}")
         .query_async(&mut conn)

@@ -170,15 +170,18 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn acquire(
-        &self,
-        names: &KeyNames,
-        token: &str,
-        owner: &str,
-        ttl: Duration,
-        min_hold: Duration,
-        once: bool,
-    ) -> AcquireOutcome {
+    // The store's synchronous core, one method per call of [`LockStore`]; the trait's
+    // implementation below answers each with `Ok`.
+
+    fn acquire_now(&self, request: AcquireRequest<'_>) -> AcquireOutcome {
+        let AcquireRequest {
+            names,
+            token,
+            owner,
+            ttl,
+            min_hold,
+            once,
+        } = request;
         let now = Instant::now();
         let mut state = self.state();
         if once && let Some(pttl) = state.done_remaining(&names.done, now) {
@@ -205,7 +208,7 @@ impl MemoryStore {
         AcquireOutcome::Acquired { fence }
     }
 
-    pub(crate) fn release(
+    fn release_now(
         &self,
         names: &KeyNames,
         token: &str,
@@ -244,7 +247,7 @@ impl MemoryStore {
         outcome
     }
 
-    pub(crate) fn extend(&self, items: &[ExtendItem]) -> Vec<Renewal> {
+    fn extend_now(&self, items: &[ExtendItem]) -> Vec<Renewal> {
         let now = Instant::now();
         let mut state = self.state();
         items
@@ -259,13 +262,13 @@ impl MemoryStore {
             .collect()
     }
 
-    pub(crate) fn inspect(&self, names: &KeyNames) -> Option<RecordView> {
+    fn inspect_now(&self, names: &KeyNames) -> Option<RecordView> {
         let now = Instant::now();
         let mut state = self.state();
         state.live(&names.record, now).map(|r| r.view(now))
     }
 
-    pub(crate) fn list(&self, namespace: &str, pattern: &str) -> Vec<(String, RecordView)> {
+    fn list_now(&self, namespace: &str, pattern: &str) -> Vec<(String, RecordView)> {
         let now = Instant::now();
         let state = self.state();
         state
@@ -279,7 +282,7 @@ impl MemoryStore {
             .collect()
     }
 
-    pub(crate) fn force_release(&self, names: &KeyNames, fence: u64) -> bool {
+    fn force_release_now(&self, names: &KeyNames, fence: u64) -> bool {
         let now = Instant::now();
         let removed = {
             let mut state = self.state();
@@ -295,7 +298,7 @@ impl MemoryStore {
     }
 
     /// As a quorum member: no later fence here is `fence` or lower, and our record carries it.
-    pub(crate) fn raise_fence(&self, names: &KeyNames, token: &str, fence: u64) -> bool {
+    fn raise_fence_now(&self, names: &KeyNames, token: &str, fence: u64) -> bool {
         let now = Instant::now();
         let mut state = self.state();
         state.last_fence = state.last_fence.max(fence);
@@ -308,18 +311,15 @@ impl MemoryStore {
         }
     }
 
-    pub(crate) fn watch_releases(&self, names: &KeyNames) -> ReleaseWatch {
+    fn watch_releases_now(&self, names: &KeyNames) -> ReleaseWatch {
         self.shared.hub.subscribe(&names.channel)
     }
 }
 
-/// The memory store through the public trait, as a third-party store would be plugged in
-/// (the runtime's `.memory(..)` calls it directly). The conformance tests run it this way too.
+/// The memory store through the public trait, the one route the runtime calls every store by.
 impl LockStore for MemoryStore {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
-        Ok(MemoryStore::acquire(
-            self, r.names, r.token, r.owner, r.ttl, r.min_hold, r.once,
-        ))
+        Ok(self.acquire_now(r))
     }
 
     async fn release(
@@ -328,19 +328,19 @@ impl LockStore for MemoryStore {
         token: &str,
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        Ok(MemoryStore::release(self, names, token, done_retention))
+        Ok(self.release_now(names, token, done_retention))
     }
 
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
-        Ok(MemoryStore::extend(self, items))
+        Ok(self.extend_now(items))
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
-        Ok(MemoryStore::inspect(self, names))
+        Ok(self.inspect_now(names))
     }
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
-        Ok(MemoryStore::watch_releases(self, names))
+        Ok(self.watch_releases_now(names))
     }
 
     /// The fence counter is one per store and never expires, so `ttl` needs no keeping.
@@ -351,7 +351,7 @@ impl LockStore for MemoryStore {
         fence: u64,
         _ttl: Duration,
     ) -> Result<bool, LockError> {
-        Ok(MemoryStore::raise_fence(self, names, token, fence))
+        Ok(self.raise_fence_now(names, token, fence))
     }
 
     async fn list(
@@ -359,10 +359,10 @@ impl LockStore for MemoryStore {
         namespace: &str,
         pattern: &str,
     ) -> Result<Vec<(String, RecordView)>, LockError> {
-        Ok(MemoryStore::list(self, namespace, pattern))
+        Ok(self.list_now(namespace, pattern))
     }
 
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
-        Ok(MemoryStore::force_release(self, names, fence))
+        Ok(self.force_release_now(names, fence))
     }
 }

@@ -4,10 +4,11 @@
 use redis::Value;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
-use super::super::conn::Conn;
 use super::super::listing::{key_of_record, redis_match};
-use super::super::{KeyNames, RecordView, key_matches};
-use super::{RedisBackend, value_text};
+use super::super::{KeyNames, LockStore, RecordView, key_matches};
+use super::RedisBackend;
+use super::conn::Conn;
+use super::reply::value_text;
 use crate::{BackendError, LockError};
 
 /// Keys asked per SCAN call: large enough that a big keyspace takes few round trips, small
@@ -16,7 +17,7 @@ const SCAN_COUNT: u32 = 1000;
 
 impl RedisBackend {
     /// The live records of `namespace` whose key matches `pattern`.
-    pub(crate) async fn list(
+    pub(super) async fn scan_records(
         &self,
         namespace: &str,
         pattern: &str,
@@ -76,7 +77,7 @@ impl RedisBackend {
     }
 
     /// Removes the record if it carries `fence`, whatever its token, and announces the release.
-    pub(crate) async fn force_release(
+    pub(super) async fn remove_if_fenced(
         &self,
         names: &KeyNames,
         fence: u64,

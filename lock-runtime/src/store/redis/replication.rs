@@ -10,8 +10,8 @@ use std::time::Duration;
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
-use super::super::conn::open_client;
 use super::RedisBackend;
+use super::client::open_client;
 
 /// Opens a connection to the current master (for Sentinel: the master the sentinels name
 /// now), with that master's URL. Its reply timeout covers the longest `WAIT` plus a command.

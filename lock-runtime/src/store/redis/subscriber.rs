@@ -9,15 +9,21 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::mpsc;
 
-use super::super::conn::{SubConn, cluster_builder, open_client};
 use super::super::pubsub::{FIRST_RETRY, LAST_RETRY, PubSubConnection, PubSubEvent, Subscriber};
-use super::super::sentinel::SentinelConn;
 use super::super::{KeyNames, ReleaseWatch};
-use super::{RedisBackend, RedisOptions, redis_error, value_text};
+use super::RedisBackend;
+use super::client::{cluster_builder, open_client};
+use super::conn::SubConn;
+use super::options::RedisOptions;
+use super::reply::{redis_error, value_text};
+use super::sentinel::SentinelConn;
 use crate::LockError;
 
 impl RedisBackend {
-    pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+    pub(super) async fn subscribe_releases(
+        &self,
+        names: &KeyNames,
+    ) -> Result<ReleaseWatch, LockError> {
         let subscriber = self
             .subscriber
             .get_or_try_init(|| self.start_subscriber())
@@ -31,7 +37,7 @@ impl RedisBackend {
     async fn start_subscriber(&self) -> Result<Subscriber, redis::RedisError> {
         let (events, events_rx) = mpsc::unbounded_channel();
         let push = PushEvents(events);
-        let conn = if self.options.cluster {
+        let conn = if self.options.is_cluster() {
             let client = cluster_builder(&self.options)
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(push.clone())

@@ -4,19 +4,18 @@
 //! masters). This module fans each call out in parallel, each member bounded by a short
 //! timeout, and counts.
 
-use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+mod watch;
+
 use super::listing::{LIST_TIMEOUT, combine_masters, combine_one};
 use super::{
-    AcquireOutcome, AcquireRequest, DynStore, ExtendItem, KeyNames, RecordView, RedisBackend,
-    RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal,
+    AcquireOutcome, AcquireRequest, DynStore, ExtendItem, KeyNames, LockStore, RecordView,
+    RedisBackend, RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal,
 };
 use crate::config::{drift, jitter};
 use crate::{BackendError, LockError};
@@ -206,15 +205,52 @@ impl RedlockBackend {
             .collect()
     }
 
-    pub(crate) async fn acquire(
-        &self,
-        names: &KeyNames,
-        token: &str,
-        owner: &str,
-        ttl: Duration,
-        min_hold: Duration,
-        once: bool,
-    ) -> Result<AcquireOutcome, LockError> {
+    /// A failure made of the members' errors: transient while the members that failed for
+    /// good (a refused command, a wrong password, a store that cannot serve in a quorum) still
+    /// leave room for a quorum, so waiters ride out the rest (members that did not answer in
+    /// time or lost their connection) as they would an outage of one server; final once they
+    /// do not.
+    fn failure(&self, message: String, errors: &[NodeError]) -> LockError {
+        let lasting = errors.iter().filter(|e| !e.transient).count();
+        if lasting <= self.nodes.len() - self.quorum {
+            BackendError::transient(message).into()
+        } else {
+            BackendError::new(message).into()
+        }
+    }
+
+    /// An error unless a quorum of masters answered.
+    fn enough_answered(&self, what: &str, errors: &[NodeError]) -> Result<(), LockError> {
+        if errors.len() > self.nodes.len() - self.quorum {
+            return Err(self.failure(
+                format!("redlock {what} reached too few masters: {}", joined(errors)),
+                errors,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Redlock needs at least three members to outlive the loss of one.
+fn check_members(n: usize) -> Result<(), LockError> {
+    if n < 3 {
+        return Err(LockError::config(format!(
+            "redlock needs at least 3 independent masters, got {n}; use .redis(url) for one server"
+        )));
+    }
+    Ok(())
+}
+
+impl LockStore for RedlockBackend {
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let AcquireRequest {
+            names,
+            token,
+            owner,
+            ttl,
+            min_hold,
+            once,
+        } = request;
         let started = Instant::now();
         let answers = {
             let names = names.clone();
@@ -283,7 +319,7 @@ impl RedlockBackend {
                 .filter(|e| !e.transient)
                 .collect();
             if refused.len() > self.nodes.len() - self.quorum {
-                self.release(names, token, None).await.ok();
+                LockStore::release(self, names, token, None).await.ok();
                 return Err(self.failure(
                     format!(
                         "redlock: the fence of `{}` could not be lifted on a quorum: {}",
@@ -298,7 +334,7 @@ impl RedlockBackend {
         // time (a late answer may be a grant). The release follows the acquire on each node's
         // connection, so it lands after it; it is token-checked, so it touches nothing else.
         if !fences.is_empty() || !errors.is_empty() {
-            self.release(names, token, None).await.ok();
+            LockStore::release(self, names, token, None).await.ok();
         }
         let n = self.nodes.len();
         if done_pttls.len() >= self.quorum {
@@ -332,7 +368,7 @@ impl RedlockBackend {
         Ok(AcquireOutcome::Held { pttl })
     }
 
-    pub(crate) async fn release(
+    async fn release(
         &self,
         names: &KeyNames,
         token: &str,
@@ -389,7 +425,7 @@ impl RedlockBackend {
     /// longer make a quorum. Anything between (nodes that failed, or answered "unknown") is
     /// unknown: the watchdog tries again until the validity ends, as with a lone store that
     /// cannot tell; never a loss no node reported.
-    pub(crate) async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         let answers = {
             let items: Arc<Vec<ExtendItem>> = Arc::new(items.to_vec());
             self.fan_out(move |node| {
@@ -446,7 +482,7 @@ impl RedlockBackend {
             .collect())
     }
 
-    pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         let answers = {
             let names = names.clone();
             self.fan_out(move |node| {
@@ -472,7 +508,7 @@ impl RedlockBackend {
 
     /// Every record the masters list, combined per key with how many masters agree; keys
     /// held on fewer masters than a quorum are listed too, flagged by their view.
-    pub(crate) async fn list(
+    async fn list(
         &self,
         namespace: &str,
         pattern: &str,
@@ -499,11 +535,7 @@ impl RedlockBackend {
 
     /// Removes the record carrying `fence` on every master that answers (the masters of the
     /// quorum carry the lease's fence); true if any had it.
-    pub(crate) async fn force_release(
-        &self,
-        names: &KeyNames,
-        fence: u64,
-    ) -> Result<bool, LockError> {
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         let answers = {
             let names = names.clone();
             self.fan_out(move |node| {
@@ -524,137 +556,7 @@ impl RedlockBackend {
         Ok(removed)
     }
 
-    /// A failure made of the members' errors: transient while the members that failed for
-    /// good (a refused command, a wrong password, a store that cannot serve in a quorum) still
-    /// leave room for a quorum, so waiters ride out the rest (members that did not answer in
-    /// time or lost their connection) as they would an outage of one server; final once they
-    /// do not.
-    fn failure(&self, message: String, errors: &[NodeError]) -> LockError {
-        let lasting = errors.iter().filter(|e| !e.transient).count();
-        if lasting <= self.nodes.len() - self.quorum {
-            BackendError::transient(message).into()
-        } else {
-            BackendError::new(message).into()
-        }
-    }
-
-    /// An error unless a quorum of masters answered.
-    fn enough_answered(&self, what: &str, errors: &[NodeError]) -> Result<(), LockError> {
-        if errors.len() > self.nodes.len() - self.quorum {
-            return Err(self.failure(
-                format!("redlock {what} reached too few masters: {}", joined(errors)),
-                errors,
-            ));
-        }
-        Ok(())
-    }
-
-    /// Watches releases on every member that accepts the watch; a release announced by any
-    /// of them wakes the waiters. Each member's watch is forwarded by a small task of its own,
-    /// listening from when that member's answer reached its fan-out task (not from when the
-    /// slowest member answers). A release before the combined watch is returned is seen by
-    /// the runtime's next attempt anyway; this only saves waiting for the holder's ttl.
-    pub(crate) async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
-        let notify = Arc::new(Notify::new());
-        let answers = {
-            let names = names.clone();
-            let target = Arc::downgrade(&notify);
-            self.fan_out(move |node| {
-                let (names, target) = (names.clone(), target.clone());
-                async move {
-                    let mut watch = node.watch_releases(&names).await?;
-                    let mut next = Box::pin(watch.notify.clone().notified_owned());
-                    next.as_mut().enable();
-                    let requeue = watch.take_requeue();
-                    let forwarding = Forwarding {
-                        next,
-                        source: watch.notify.clone(),
-                        target,
-                        _watch: watch,
-                    };
-                    Ok((forwarding, requeue))
-                }
-            })
-            .await
-        };
-        let mut forwarders = Vec::new();
-        let mut requeues = Vec::new();
-        let mut errors = Vec::new();
-        for answer in answers {
-            match answer {
-                Ok((forwarding, requeue)) => {
-                    requeues.extend(requeue);
-                    forwarders.push(tokio::spawn(forward(forwarding)).abort_handle());
-                }
-                Err(e) => errors.push(e),
-            }
-        }
-        if forwarders.is_empty() {
-            // Transient unless every member refused for good: waiters keep waiting until
-            // their deadline, as they do through one server's outage (found by the
-            // simulation, seed 3: they gave up at once).
-            let message = format!(
-                "cannot wait for `{}`: no redlock member accepted the watch: {}",
-                names.key,
-                joined(&errors)
-            );
-            return Err(if errors.iter().any(|e| e.transient) {
-                BackendError::transient(message).into()
-            } else {
-                BackendError::new(message).into()
-            });
-        }
-        Ok(ReleaseWatch::new(
-            notify,
-            Some(Box::new(move || {
-                // Each task drops its member's watch as it ends, which unsubscribes there.
-                for forwarder in &forwarders {
-                    forwarder.abort();
-                }
-            })),
-        )
-        .with_requeue(Box::new(move || {
-            for requeue in &requeues {
-                requeue();
-            }
-        })))
-    }
-}
-
-/// Redlock needs at least three members to outlive the loss of one.
-fn check_members(n: usize) -> Result<(), LockError> {
-    if n < 3 {
-        return Err(LockError::config(format!(
-            "redlock needs at least 3 independent masters, got {n}; use .redis(url) for one server"
-        )));
-    }
-    Ok(())
-}
-
-/// One member's watch and the handles on its notifier that forward its wake-ups. Fields drop
-/// in order: the handles first, then the watch, so that the member's unsubscribe, which
-/// happens only when nobody holds the notifier any more, is not skipped (also when the
-/// combined watch is cancelled before its forwarding task starts).
-struct Forwarding {
-    next: Pin<Box<OwnedNotified>>,
-    source: Arc<Notify>,
-    target: Weak<Notify>,
-    /// Kept for its drop: the member unsubscribes.
-    _watch: ReleaseWatch,
-}
-
-/// Wakes the combined watch's waiters each time the member's watch wakes, until the combined
-/// watch is gone (or this task is aborted). The next wake-up is listened for before the
-/// current one is passed on.
-async fn forward(mut f: Forwarding) {
-    loop {
-        f.next.as_mut().await;
-        let mut following = Box::pin(f.source.clone().notified_owned());
-        following.as_mut().enable();
-        let Some(target) = f.target.upgrade() else {
-            return;
-        };
-        target.notify_waiters();
-        f.next = following;
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        self.watch_members(names).await
     }
 }

@@ -11,7 +11,7 @@ use redis::{
     Value,
 };
 
-use super::conn::open_client;
+use super::client::open_client;
 use crate::config::{encode_userinfo, redact_url};
 
 /// Where the sentinels are and how to reach the master they name.

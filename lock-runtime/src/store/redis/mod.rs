@@ -1,0 +1,494 @@
+//! The Redis store: one multiplexed connection that reconnects by itself, Lua scripts run by
+//! SHA (reloaded on NOSCRIPT), and a lazily started subscriber connection for waiters. The
+//! layers, bottom-up: `options`, `client` (clients from URLs and TLS), `sentinel`, `conn` (one
+//! connection type over every topology), `version`, `scripts` and `reply`, `connect`; then
+//! this store's calls, `replication`, `subscriber` (waiters) and `operator` (listing).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::OnceCell;
+
+mod client;
+mod conn;
+mod connect;
+mod operator;
+mod options;
+mod replication;
+mod reply;
+mod scripts;
+mod sentinel;
+mod subscriber;
+mod version;
+
+use self::conn::{Conn, slot};
+pub(crate) use self::options::{RedisOptions, Topology};
+use self::reply::{acquire_outcome, pttl_of, redis_error, value_text};
+use self::scripts::{ACQUIRE_LUA, Scripts};
+use self::sentinel::{SentinelConn, is_readonly};
+use super::{
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber,
+};
+use crate::config::millis_ceil;
+use crate::{BackendError, LockError};
+
+/// A store on one Redis server (standalone, or the master a URL points at) or on a Redis
+/// Cluster. Every script touches only keys of one lock, which share a hash slot.
+pub(crate) struct RedisBackend {
+    conn: Conn,
+    options: RedisOptions,
+    /// Texts that must never appear in an error: the URLs' passwords, raw and decoded.
+    secrets: Vec<String>,
+    shown_url: String,
+    scripts: Arc<Scripts>,
+    subscriber: OnceCell<Subscriber>,
+    hub: Arc<ReleaseHub>,
+    sentinel: Option<Arc<SentinelConn>>,
+    /// Releases are announced with SPUBLISH and waiters use SSUBSCRIBE: on a Cluster whose
+    /// nodes all run Redis 7.0 or newer. Older Clusters (6.2) and single servers use classic
+    /// PUBLISH / SUBSCRIBE.
+    sharded_pubsub: bool,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &self.shown_url)
+            .field("topology", &self.options.topology)
+            .field("sharded_pubsub", &self.sharded_pubsub)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockStore for RedisBackend {
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let AcquireRequest {
+            names,
+            token,
+            owner,
+            ttl,
+            min_hold,
+            once,
+        } = request;
+        let args = [
+            token.to_owned(),
+            owner.to_owned(),
+            millis_ceil(ttl).to_string(),
+            millis_ceil(min_hold).to_string(),
+            if once { "1" } else { "0" }.to_owned(),
+            millis_ceil(fence_retention(ttl)).to_string(),
+        ];
+        let keys = [&names.record, &names.fence, &names.done];
+        if let Some((replicas, timeout)) = self.options.replicated {
+            // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(ACQUIRE_LUA).arg(keys.len()).arg(&keys).arg(&args);
+            // Boxed: the rare path would otherwise set the size of every acquire's future.
+            return Box::pin(self.acquire_replicated(names, token, eval, replicas, timeout)).await;
+        }
+        let mut invocation = self.scripts.acquire.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in &args {
+            invocation.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("acquire of `{}` failed", names.key), e))?;
+        acquire_outcome(names, &reply)
+    }
+
+    async fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let mut conn = self.conn.noting_retries();
+        let reply = ReleaseCall::new(
+            self.scripts.clone(),
+            names,
+            token,
+            done_retention,
+            self.sharded_pubsub,
+        )
+        .run(&mut conn)
+        .await
+        .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
+        Ok(match reply {
+            1 => ReleaseOutcome::Released,
+            2 => ReleaseOutcome::KeptForMinHold,
+            // Sent again after its connection broke: the first send was most likely carried
+            // out and its answer lost.
+            _ if conn.retried() => {
+                tracing::debug!(key = %names.key, "release: sent again after its connection broke, and the record was gone");
+                ReleaseOutcome::GoneAfterRetry
+            }
+            _ => ReleaseOutcome::NotOwner,
+        })
+    }
+
+    /// Redlock: lifts this node's fence counter to `fence` and stamps the record with it;
+    /// true when the record here is ours.
+    async fn raise_fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        fence: u64,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let reply: i64 = self
+            .scripts
+            .raise_fence
+            .key(&names.record)
+            .key(&names.fence)
+            .arg(token)
+            .arg(fence)
+            .arg(millis_ceil(fence_retention(ttl)))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("fence update of `{}` failed", names.key), e))?;
+        Ok(reply == 1)
+    }
+
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.options.is_cluster() {
+            return Ok(self
+                .extend_group(self.conn.clone(), self.scripts.clone(), items)
+                .await?
+                .into_iter()
+                .map(Renewal::from)
+                .collect());
+        }
+        // A script may only touch keys of one slot: one call per slot, all in flight at once.
+        let mut by_slot: std::collections::HashMap<u16, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_slot.entry(slot(&item.record)).or_default().push(i);
+        }
+        // Each slot answers for itself: a shard that fails or fails over costs only the leases
+        // in its slots, never the renewals of the healthy shards.
+        let mut calls = tokio::task::JoinSet::new();
+        let timeout = self.options.command_timeout;
+        for (_, indexes) in by_slot {
+            let group: Vec<ExtendItem> = indexes.iter().map(|&i| items[i].clone()).collect();
+            let conn = self.conn.clone();
+            let scripts = self.scripts.clone();
+            calls.spawn(async move {
+                let answer = tokio::time::timeout(timeout, run_extend(conn, scripts, &group)).await;
+                (indexes, answer)
+            });
+        }
+        let mut renewed = vec![Renewal::Unknown("no answer".to_owned()); items.len()];
+        let mut first_error = None;
+        let mut answered = 0;
+        while let Some(joined) = calls.join_next().await {
+            let Ok((indexes, answer)) = joined else {
+                continue; // a panicked task: its items stay unknown
+            };
+            let failure = match answer {
+                Ok(Ok(answers)) => {
+                    answered += 1;
+                    for (&i, ok) in indexes.iter().zip(answers) {
+                        renewed[i] = Renewal::from(ok);
+                    }
+                    continue;
+                }
+                Ok(Err(e)) => self.error("lease renewal failed", e),
+                Err(_) => BackendError::transient(format!(
+                    "lease renewal failed: no answer within {timeout:?}"
+                ))
+                .into(),
+            };
+            let why = failure.to_string();
+            for &i in &indexes {
+                renewed[i] = Renewal::Unknown(why.clone());
+            }
+            first_error.get_or_insert(failure);
+        }
+        match first_error {
+            Some(e) if answered == 0 => Err(e),
+            _ => Ok(renewed),
+        }
+    }
+
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .scripts
+            .inspect
+            .key(&names.record)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key), e))?;
+        match reply.as_slice() {
+            [] => Ok(None),
+            [tag, kind] if value_text(tag) == "foreign" => Err(BackendError::new(format!(
+                "Redis key `{}` holds a value of type `{}`, not a lock record",
+                names.record,
+                value_text(kind)
+            ))
+            .into()),
+            [
+                owner,
+                Value::Int(fence),
+                Value::Int(acquired),
+                Value::Int(pttl),
+                Value::Int(now),
+            ] => Ok(Some(RecordView::new(
+                value_text(owner),
+                u64::try_from(*fence).unwrap_or(0),
+                pttl_of(*pttl),
+                Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
+            ))),
+            _ => Err(BackendError::new(format!(
+                "inspect of `{}` got an unexpected reply from Redis",
+                names.key
+            ))
+            .into()),
+        }
+    }
+
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        self.subscribe_releases(names).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        self.scan_records(namespace, pattern).await
+    }
+
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        self.remove_if_fenced(names, fence).await
+    }
+}
+
+impl RedisBackend {
+    /// The server's URL with credentials hidden.
+    pub(crate) fn shown_url(&self) -> &str {
+        &self.shown_url
+    }
+
+    fn error(&self, context: &str, e: redis::RedisError) -> LockError {
+        redis_error(&self.shown_url, &self.secrets, context, e)
+    }
+
+    /// `replicated_acquire`: the acquire script and a WAIT go out together, pipelined, on a
+    /// connection of their own, and are never retried. WAIT counts the replicas that have this
+    /// connection's last write, so it answers for this acquire only on the connection that
+    /// sent it: on a shared connection a retry after a reconnect (or a Sentinel
+    /// re-resolution) would confirm a write the replicas never saw, and a blocking WAIT would
+    /// hold up every renewal of the runtime. Any error or shortfall means "not confirmed":
+    /// the lock is given back and the acquire fails.
+    async fn acquire_replicated(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        eval: redis::Cmd,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<AcquireOutcome, LockError> {
+        let context = format!("replicated acquire of `{}` failed", names.key);
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(millis_ceil(timeout));
+        // One more try only where nothing can have been written: the connection could not be
+        // opened, or the server refused the script as a read-only replica (a failover the
+        // sentinels have announced since the master was last resolved).
+        let mut tries = 0;
+        let (reply, confirmed) = loop {
+            tries += 1;
+            let (url, conn) = match replication::connect(self, timeout).await {
+                Ok(opened) => opened,
+                Err((url, e)) => {
+                    if self.note_master_failure(url.as_deref(), &e) && tries < 2 {
+                        continue;
+                    }
+                    return Err(self.error(&context, e));
+                }
+            };
+            let answered = self
+                .pipeline_owning(conn, pipe.clone(), names, token, replicas)
+                .await;
+            match answered {
+                Ok(answer) => break answer,
+                Err(e) => {
+                    let moved = self.note_master_failure(Some(&url), &e);
+                    if moved && is_readonly(&e) && tries < 2 {
+                        continue;
+                    }
+                    // The script may have run: the caller gives the token back in the
+                    // background.
+                    return Err(self.error(&context, e));
+                }
+            }
+        };
+        let outcome = acquire_outcome(names, &reply)?;
+        if !matches!(outcome, AcquireOutcome::Acquired { .. }) {
+            return Ok(outcome);
+        }
+        let confirmed = usize::try_from(confirmed).unwrap_or(0);
+        if confirmed >= replicas {
+            return Ok(outcome);
+        }
+        // `pipeline_owning` has given the lock back already. Transient: a waiter keeps waiting
+        // through a replica outage.
+        Err(BackendError::transient(format!(
+            "lock `{}` was confirmed by {confirmed} of the {replicas} replicas required within \
+             {timeout:?}; it was given back (replicated_acquire)",
+            names.key
+        ))
+        .into())
+    }
+
+    /// Runs the acquire + WAIT pipeline on a task that owns `conn`, so that when the grant is
+    /// not kept (too few replicas confirmed it, or the caller went away meanwhile: a deadline,
+    /// a shutdown, an abort) the lock is given back on the same connection, where it cannot
+    /// overtake the acquire script. On any other connection it could arrive first, find
+    /// nothing, and leave the grant to a token nobody holds.
+    async fn pipeline_owning(
+        &self,
+        mut conn: redis::aio::MultiplexedConnection,
+        pipe: redis::Pipeline,
+        names: &KeyNames,
+        token: &str,
+        replicas: usize,
+    ) -> Result<(Vec<Value>, i64), redis::RedisError> {
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        let release = ReleaseCall::new(
+            self.scripts.clone(),
+            names,
+            token,
+            None,
+            self.sharded_pubsub,
+        );
+        tokio::spawn(async move {
+            let answered: Result<(Vec<Value>, i64), redis::RedisError> =
+                pipe.query_async(&mut conn).await;
+            let confirmed = match &answered {
+                Ok((reply, confirmed)) if matches!(reply.first(), Some(Value::Int(1))) => {
+                    usize::try_from(*confirmed).unwrap_or(0) >= replicas
+                }
+                _ => true, // not granted (or unknown: the caller gives it back)
+            };
+            let caller_gone = answer_tx.send(answered).is_err();
+            if !confirmed || caller_gone {
+                let _ = release.run(&mut conn).await;
+            }
+        });
+        answer_rx.await.unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the replicated acquire task ended without an answer",
+            )))
+        })
+    }
+
+    async fn extend_group(
+        &self,
+        conn: Conn,
+        scripts: Arc<Scripts>,
+        items: &[ExtendItem],
+    ) -> Result<Vec<bool>, LockError> {
+        run_extend(conn, scripts, items)
+            .await
+            .map_err(|e| self.error("lease renewal failed", e))
+    }
+
+    /// With Sentinel: forgets the master `url` when `e` says it is gone or demoted, so the
+    /// next command asks the sentinels again. True when it did.
+    fn note_master_failure(&self, url: Option<&str>, e: &redis::RedisError) -> bool {
+        match (&self.sentinel, url) {
+            (Some(sentinel), Some(url)) => sentinel.note_failure(url, e),
+            _ => false,
+        }
+    }
+}
+
+/// The release script's call for one token, owned, so a task of its own can run it.
+struct ReleaseCall {
+    scripts: Arc<Scripts>,
+    record: String,
+    done: String,
+    token: String,
+    channel: String,
+    done_retention_ms: u64,
+    /// SPUBLISH instead of PUBLISH (a Cluster of Redis 7.0 or newer).
+    sharded: bool,
+}
+
+impl ReleaseCall {
+    fn new(
+        scripts: Arc<Scripts>,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+        sharded: bool,
+    ) -> Self {
+        ReleaseCall {
+            scripts,
+            record: names.record.clone(),
+            done: names.done.clone(),
+            token: token.to_owned(),
+            channel: names.channel.clone(),
+            done_retention_ms: done_retention.map_or(0, millis_ceil),
+            sharded,
+        }
+    }
+
+    async fn run<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<i64> {
+        self.scripts
+            .release
+            .key(&self.record)
+            .key(&self.done)
+            .arg(&self.token)
+            .arg(&self.channel)
+            .arg(self.done_retention_ms)
+            .arg(if self.sharded { "1" } else { "0" })
+            .invoke_async(conn)
+            .await
+    }
+}
+
+/// One extend script call for leases that share a slot; one answer per item.
+async fn run_extend(
+    mut conn: Conn,
+    scripts: Arc<Scripts>,
+    items: &[ExtendItem],
+) -> Result<Vec<bool>, redis::RedisError> {
+    let mut invocation = scripts.extend.prepare_invoke();
+    for item in items {
+        invocation
+            .key(&item.record)
+            .arg(&item.token)
+            .arg(millis_ceil(item.ttl));
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+    if reply.len() != items.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "renewal answered a different number of results than leases",
+        )));
+    }
+    Ok(reply.into_iter().map(|r| r == 1).collect())
+}
+
+/// How long a fence counter outlives its last acquire: a day, or the ttl if longer. After
+/// that the server clock alone keeps fences increasing (DESIGN.md §5, hybrid fences).
+pub(crate) fn fence_retention(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(24 * 3600))
+}

@@ -1,0 +1,40 @@
+//! The Lua scripts of the store (`lua/`), each run by SHA and reloaded on NOSCRIPT.
+
+use redis::Script;
+
+/// The acquire script's text: `replicated_acquire` sends it with EVAL.
+pub(super) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) release: Script,
+    pub(super) extend: Script,
+    pub(super) inspect: Script,
+    pub(super) raise_fence: Script,
+    pub(super) force_release: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Scripts {
+            acquire: Script::new(ACQUIRE_LUA),
+            release: Script::new(include_str!("lua/release.lua")),
+            extend: Script::new(include_str!("lua/extend.lua")),
+            inspect: Script::new(include_str!("lua/inspect.lua")),
+            raise_fence: Script::new(include_str!("lua/raise_fence.lua")),
+            force_release: Script::new(include_str!("lua/force_release.lua")),
+        }
+    }
+
+    /// Every script, for loading them all at connect.
+    pub(super) fn all(&self) -> [&Script; 6] {
+        [
+            &self.acquire,
+            &self.release,
+            &self.extend,
+            &self.inspect,
+            &self.raise_fence,
+            &self.force_release,
+        ]
+    }
+}
