@@ -4,19 +4,9 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockRuntime};
-use lock_tests::{FaultProxy, RedisServer};
+use lock_runtime::LockError;
+use lock_tests::{FaultProxy, RedisServer, redis_runtime};
 use tokio::time::Instant;
-
-async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
-    LockRuntime::builder()
-        .redis(url)
-        .command_timeout(command_timeout)
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect("build")
-}
 
 /// A stall longer than the ttl: the holder reports the loss by the end of its validity, and
 /// before anyone else can get the lock.
@@ -24,8 +14,8 @@ async fn runtime_via(url: String, command_timeout: Duration) -> LockRuntime {
 async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let holder = runtime_via(proxy.url(), Duration::from_millis(500)).await;
-    let other = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let holder = redis_runtime(proxy.url(), Duration::from_millis(500)).await;
+    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
     let ttl = Duration::from_millis(1200);
     let guard = holder
         .lock("stalled")
@@ -77,7 +67,7 @@ async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
 async fn short_stall_loses_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let holder = runtime_via(proxy.url(), Duration::from_secs(2)).await;
+    let holder = redis_runtime(proxy.url(), Duration::from_secs(2)).await;
     let guard = holder
         .lock("brief")
         .ttl(Duration::from_secs(3))
@@ -101,7 +91,7 @@ async fn short_stall_loses_nothing() {
 async fn dropped_connections_reconnect_and_nothing_hangs() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let runtime = runtime_via(proxy.url(), Duration::from_millis(800)).await;
+    let runtime = redis_runtime(proxy.url(), Duration::from_millis(800)).await;
     let guard = runtime
         .lock("dropped")
         .ttl(Duration::from_secs(5))
@@ -154,8 +144,8 @@ async fn dropped_connections_reconnect_and_nothing_hangs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_mid_lease_and_wait() {
     let mut server = RedisServer::start();
-    let a = runtime_via(server.url(), Duration::from_secs(1)).await;
-    let b = runtime_via(server.url(), Duration::from_secs(1)).await;
+    let a = redis_runtime(server.url(), Duration::from_secs(1)).await;
+    let b = redis_runtime(server.url(), Duration::from_secs(1)).await;
     let held = a
         .lock("restarted")
         .ttl(Duration::from_secs(3))
@@ -195,7 +185,7 @@ async fn redis_restart_mid_lease_and_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_values_at_lock_keys_are_left_alone() {
     let server = RedisServer::start();
-    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
     let mut conn = server
         .client()
         .get_multiplexed_async_connection()
@@ -246,7 +236,7 @@ async fn foreign_values_at_lock_keys_are_left_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_fails_cleanly() {
     let server = RedisServer::start();
-    let runtime = runtime_via(server.url(), Duration::from_secs(2)).await;
+    let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
     let mut conn = server
         .client()
         .get_multiplexed_async_connection()

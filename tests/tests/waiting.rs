@@ -1,10 +1,15 @@
 //! Event-driven waiting on a real Redis: a release wakes few acquire attempts, not one per
-//! waiting task. Attempts are counted by the server (INFO commandstats), not by the client.
+//! waiting task (attempts counted by the server, INFO commandstats, not by the client);
+//! waiters wake after their subscription comes back; a wait ends by its deadline whatever the
+//! store does; waiting for a lock the task holds itself is never silent.
 
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
-use lock_tests::RedisServer;
+use std::sync::Arc;
+
+use lock_runtime::{LockError, LockRuntime, current_lease, distributed_lock};
+use lock_tests::{FaultProxy, RedisServer, TestStore, redis_runtime, wake};
+use tokio::time::Instant;
 
 /// Script calls (EVALSHA and EVAL) the server has executed so far.
 async fn script_calls(server: &RedisServer) -> u64 {
@@ -168,4 +173,250 @@ async fn a_waiter_that_gives_up_during_a_cut_leaves_no_subscription() {
     taken.release().await.expect("release");
     waiting.shutdown().await;
     holder.shutdown().await;
+}
+
+// Finding 13a: `acquire_timeout` returns by its deadline even when a store call hangs.
+// Before: a call in flight at the deadline ran to its own command timeout (5 s here).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_timeout_bounds_store_calls() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = redis_runtime(proxy.url(), Duration::from_secs(5)).await;
+    proxy.stall();
+    let started = Instant::now();
+    let result = runtime
+        .lock("hung")
+        .acquire_timeout(Duration::from_millis(500))
+        .await;
+    let took = started.elapsed();
+    proxy.resume();
+    assert!(
+        matches!(result, Err(LockError::WaitTimeout { .. })),
+        "expected WaitTimeout, got {result:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "wait_timeout 500 ms took {took:?}"
+    );
+}
+
+// Finding 13b: a Redlock waiter rides out a majority of masters being down.
+// Before: "majority unreachable" was not transient, so the waiter failed at once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_rides_out_a_majority_outage() {
+    let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let runtime = LockRuntime::builder()
+        .redlock(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .expect("build");
+    for s in &mut servers[..3] {
+        s.kill();
+    }
+    let waiter = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            runtime
+                .lock("majority-down")
+                .acquire_timeout(Duration::from_secs(15))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter keeps waiting through the outage"
+    );
+    for s in &mut servers[..3] {
+        s.restart();
+    }
+    let guard = waiter
+        .await
+        .expect("task")
+        .expect("acquired once the masters were back");
+    guard.release().await.expect("release");
+}
+
+// The re-entrant half of finding 11 is the kit case `attr_reentrant_once_leaves_its_marker`.
+
+// Finding 13c: a task that waits for a lock it holds itself through `lock()` is never left
+// waiting silently. Before: both the annotated `wait` call and a second `acquire` waited
+// forever without a word (here: until the 3 s test timeout). An error was tried and dropped:
+// a guard moved to another task, which will release it, is held by "this task" as far as the
+// runtime can tell, and waiting for it there is a fine pattern (the last case below).
+
+#[distributed_lock(key = "held-by-guard", on_contention = "wait", wait_timeout = "300ms")]
+async fn waits_for_held_key() -> Result<u64, LockError> {
+    Ok(current_lease().map_or(0, |l| l.fence()))
+}
+
+/// Collects what the runtime logs, for the assertions on warnings.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
+    }
+}
+
+#[tokio::test]
+async fn waiting_for_a_lock_this_task_holds_is_never_silent() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = TestStore::memory().runtime().await;
+    let guard = runtime
+        .lock("held-by-guard")
+        .acquire()
+        .await
+        .expect("acquire");
+    let nested = tokio::time::timeout(Duration::from_secs(3), runtime.scope(waits_for_held_key()))
+        .await
+        .expect("bounded by its wait_timeout");
+    assert!(
+        matches!(nested, Err(LockError::WaitTimeout { .. })),
+        "expected WaitTimeout, got {nested:?}"
+    );
+    let again = tokio::time::timeout(
+        Duration::from_secs(3),
+        runtime
+            .lock("held-by-guard")
+            .acquire_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .expect("bounded by its timeout");
+    assert!(
+        matches!(again, Err(LockError::WaitTimeout { .. })),
+        "{again:?}"
+    );
+    let warned = logs
+        .text()
+        .matches("already holds the lock it now waits for")
+        .count();
+    assert_eq!(warned, 2, "each self-wait is reported: {}", logs.text());
+
+    // The guard handed to another task that releases it: the wait here simply succeeds.
+    let worker = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        guard.release().await.expect("release");
+    });
+    let after_worker = runtime
+        .lock("held-by-guard")
+        .acquire_timeout(Duration::from_secs(3))
+        .await
+        .expect("acquired once the worker released it");
+    worker.await.expect("worker");
+    after_worker.release().await.expect("release");
+}
+
+// Finding 10: waiters are woken when their channel's subscription is confirmed again after a
+// reconnect. Before: a release published between the disconnection's wake-up and the
+// re-subscription was missed, and the waiter slept until the holder's ttl ran out (30 s).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wake_after_the_subscriber_resubscribes() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let waiting = LockRuntime::builder()
+        .redis(proxy.url())
+        .connect_timeout(Duration::from_secs(10))
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("build");
+    let holder = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let guard = holder
+        .lock("resubscribed")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            waiting
+                .lock("resubscribed")
+                .acquire_timeout(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Only the subscriber connection drops, and its reconnect is slow (1 s each way); the
+    // command connection stays up, so the waiter's wake-up attempt finds the lock held.
+    proxy.set_new_connection_latency(Duration::from_secs(1));
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1, "the waiter's subscriber connection");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    assert!(
+        guard.release().await.expect("release"),
+        "published while unsubscribed"
+    );
+    let taken = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got the lock without waiting out the 30 s ttl");
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "woken {took:?} after the release"
+    );
+    proxy.set_new_connection_latency(Duration::ZERO);
+    taken.release().await.expect("release");
+}
+
+/// The same after a long outage: the waiter's runtime cannot reach Redis for 10 s (every
+/// connection refused and dropped) while the lock stays held; a release made after Redis is
+/// reachable again wakes the waiter within seconds, not at the holder's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wake_after_a_long_outage() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let waiting = redis_runtime(proxy.url(), Duration::from_millis(500)).await;
+    let holder = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    wake::waiter_wakes_after_an_outage(&waiting, &holder, "long-outage", |down| {
+        proxy.refuse(down);
+        if down {
+            proxy.drop_connections();
+        }
+    })
+    .await;
 }

@@ -1,0 +1,206 @@
+//! A grant nobody got is given back: an acquire that failed after the server may have granted
+//! it (a late or lost answer, a failed Redlock quorum) releases its token, and tries again
+//! while the grant could still be live.
+//! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
+
+use std::time::Duration;
+
+use lock_runtime::LockRuntime;
+use lock_testkit::suite::free_now;
+use lock_tests::server::send_signal;
+use lock_tests::wake::free_within_5s;
+use lock_tests::{FaultProxy, RedisServer, SentinelSet, redis_runtime};
+
+// Finding 6: an acquire that errors after the server granted it gives the lock back.
+// Before: the grant stayed, held by nobody, for its whole ttl (30 s here).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_error_after_the_grant_gives_it_back() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
+    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::from_millis(400));
+    let failed = late
+        .lock("late-reply")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    assert!(
+        failed.is_err(),
+        "the reply came after the command timeout: {failed:?}"
+    );
+    proxy.set_latency(Duration::ZERO);
+    free_within_5s(
+        &other,
+        "late-reply",
+        "the orphaned grant was given back, not left for its 30 s ttl",
+    )
+    .await;
+}
+
+/// The same when the give-back itself cannot get through at first: the connection drops right
+/// after the acquire failed (the give-back, still on its way, is lost with it) and Redis is
+/// unreachable for 2 s. The give-back is tried again until it lands. Before: it was tried
+/// once, and the grant stayed for its 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_fails_is_tried_again() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
+    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    // The acquire reaches Redis after 400 ms, past the 300 ms timeout; its retry and the
+    // give-back would arrive at about 700 and 1000 ms.
+    proxy.set_latency(Duration::from_millis(400));
+    let failed = late
+        .lock("give-back-lost")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    proxy.refuse(true);
+    proxy.drop_connections();
+    assert!(
+        failed.is_err(),
+        "the reply came after the command timeout: {failed:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::ZERO);
+    proxy.refuse(false);
+    free_within_5s(
+        &other,
+        "give-back-lost",
+        "the grant was given back once Redis was reachable, not left for its 30 s ttl",
+    )
+    .await;
+}
+
+/// The same inside the wait loop, whose transient errors are retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_loop_leaves_no_grant_behind() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
+    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    proxy.set_latency(Duration::from_millis(400));
+    let waited = late
+        .lock("late-wait")
+        .ttl(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_millis(1500))
+        .await;
+    assert!(waited.is_err(), "every reply came late: {waited:?}");
+    proxy.set_latency(Duration::ZERO);
+    free_within_5s(
+        &other,
+        "late-wait",
+        "no grant of the wait loop was left behind",
+    )
+    .await;
+}
+
+/// The same through Sentinel, whose connection handling differs: a master that stops answering
+/// (SIGSTOP, no failover: the sentinels wait 60 s before they call it down) while an acquire is
+/// on its way. The acquire's bytes wait in the master's socket; when it resumes it runs them.
+/// Before: the timeout counted as "the master is gone", so the retry and the give-back went
+/// out on a new connection that could not connect while the master was stopped, and the
+/// first acquire, run on resume, left the lock to nobody for its 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_acquire_timeout_leaves_no_grant_behind() {
+    let set = SentinelSet::start();
+    for sentinel in &set.sentinels {
+        let mut conn = sentinel
+            .client()
+            .get_connection()
+            .expect("connect to a sentinel");
+        let _: () = redis::cmd("SENTINEL")
+            .arg("SET")
+            .arg(&set.master_name)
+            .arg("down-after-milliseconds")
+            .arg(60_000)
+            .query(&mut conn)
+            .expect("SENTINEL SET");
+    }
+    let sentinel_runtime = |timeout: Duration| {
+        LockRuntime::builder()
+            .redis_sentinel(&set.master_name, set.sentinel_urls())
+            .command_timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+    };
+    let late = sentinel_runtime(Duration::from_millis(300))
+        .await
+        .expect("build");
+    let other = sentinel_runtime(Duration::from_secs(2))
+        .await
+        .expect("build");
+    free_now(&late, "stopped-master", "free before the test").await;
+    let master = set
+        .servers
+        .iter()
+        .find(|s| Some(s.port()) == set.master_port())
+        .expect("the master");
+    send_signal(master, "-STOP");
+    let failed = late
+        .lock("stopped-master")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    send_signal(master, "-CONT");
+    assert!(failed.is_err(), "the master was stopped: {failed:?}");
+    free_within_5s(
+        &other,
+        "stopped-master",
+        "the grant the stopped master ran on resume was given back",
+    )
+    .await;
+}
+
+// Finding 7: a Redlock acquire that fails its quorum releases on every node, including nodes
+// that answered too late. Before: with no grant counted in time nothing was released, and the
+// late grants blocked every quorum for the whole ttl.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_redlock_quorum_gives_back_late_grants() {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<FaultProxy> = servers
+        .iter()
+        .map(|s| FaultProxy::start(s.port()))
+        .collect();
+    let late = LockRuntime::builder()
+        .redlock(proxies.iter().map(FaultProxy::url))
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("build");
+    let other = LockRuntime::builder()
+        .redlock(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .expect("build");
+    // Three nodes answer after the node timeout (their grants count for nothing), two refuse.
+    for p in &proxies[..3] {
+        p.set_latency(Duration::from_millis(350));
+    }
+    for p in &proxies[3..] {
+        p.refuse(true);
+        p.drop_connections();
+    }
+    let failed = late
+        .lock("late-quorum")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await;
+    assert!(!matches!(failed, Ok(Some(_))), "no quorum: {failed:?}");
+    // The late grants are still travelling back; give the release time to follow them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for p in &proxies {
+        p.set_latency(Duration::ZERO);
+        p.refuse(false);
+    }
+    free_within_5s(
+        &other,
+        "late-quorum",
+        "the late grants were released, not left for their 30 s ttl",
+    )
+    .await;
+}
