@@ -5,17 +5,17 @@ use std::time::Duration;
 
 use crate::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_SHUTDOWN_GRACE, DEFAULT_TTL, check_name, check_ttl,
-    default_owner, redact_url,
+    default_owner,
 };
 use crate::runtime::MetricsLabel;
-use crate::store::{
-    Backend, DEFAULT_NODE_TIMEOUT, DynStore, LockStore, RedisBackend, RedisOptions, RedlockBackend,
-    Topology,
-};
-#[cfg(feature = "postgres")]
-use crate::store::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
 #[cfg(feature = "etcd")]
-use crate::store::{EtcdOptions, EtcdStore};
+use crate::store::EtcdStore;
+#[cfg(feature = "postgres")]
+use crate::store::PostgresStore;
+use crate::store::{
+    Forwarded, IntoStore, LockStore, RedisStore, RedlockStore, Shared, StoreChoice,
+    check_replicated,
+};
 use crate::{LockError, LockRuntime, MemoryStore};
 
 /// Configures a [`LockRuntime`]. Pick exactly one store, then `build().await`.
@@ -34,92 +34,19 @@ pub struct LockRuntimeBuilder {
     owner: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
-    node_timeout: Option<Duration>,
-    replicated: Option<(usize, Duration)>,
+    /// What the deprecated store-specific setters gave.
+    forwarded: Forwarded,
     metrics_label: Option<MetricsLabel>,
     tls_root_cert: Option<Vec<u8>>,
     shutdown_grace: Option<Duration>,
-    #[cfg(feature = "postgres")]
-    postgres_table: Option<String>,
-    #[cfg(feature = "etcd")]
-    etcd_user: Option<(String, String)>,
-}
-
-enum StoreChoice {
-    Redis(String),
-    Cluster(Vec<String>),
-    Sentinel(String, Vec<String>),
-    Redlock(Vec<String>),
-    RedlockStores(Vec<Arc<dyn DynStore>>),
-    Memory(MemoryStore),
-    Custom(Box<dyn DynStore>),
-    #[cfg(feature = "postgres")]
-    Postgres(PostgresTarget),
-    #[cfg(feature = "etcd")]
-    Etcd(Vec<String>),
-}
-
-impl StoreChoice {
-    fn name(&self) -> &'static str {
-        match self {
-            StoreChoice::Redis(_) => "redis",
-            StoreChoice::Cluster(_) => "redis_cluster",
-            StoreChoice::Sentinel(..) => "redis_sentinel",
-            StoreChoice::Redlock(_) => "redlock",
-            StoreChoice::RedlockStores(_) => "redlock_stores",
-            StoreChoice::Memory(_) => "memory",
-            StoreChoice::Custom(_) => "store",
-            #[cfg(feature = "postgres")]
-            StoreChoice::Postgres(_) => "postgres",
-            #[cfg(feature = "etcd")]
-            StoreChoice::Etcd(_) => "etcd",
-        }
-    }
 }
 
 impl std::fmt::Debug for LockRuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let store = match &self.store {
-            Some(StoreChoice::Redis(url)) => format!("redis({})", redact_url(url)),
-            Some(StoreChoice::Sentinel(name, urls)) => format!(
-                "redis_sentinel({name}, {})",
-                urls.iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Some(StoreChoice::Cluster(urls)) => format!(
-                "redis_cluster({})",
-                urls.iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Some(StoreChoice::Redlock(urls)) => format!(
-                "redlock({})",
-                urls.iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Some(StoreChoice::RedlockStores(stores)) => {
-                format!("redlock_stores({} stores)", stores.len())
-            }
-            Some(StoreChoice::Memory(_)) => "memory".to_owned(),
-            Some(StoreChoice::Custom(_)) => "store(..)".to_owned(),
-            #[cfg(feature = "postgres")]
-            Some(StoreChoice::Postgres(target)) => format!("postgres({})", target.shown()),
-            #[cfg(feature = "etcd")]
-            Some(StoreChoice::Etcd(endpoints)) => format!(
-                "etcd({})",
-                endpoints
-                    .iter()
-                    .map(|e| crate::config::redact_url(e))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            None => "none".to_owned(),
-        };
+        let store = self
+            .store
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), StoreChoice::shown);
         f.debug_struct("LockRuntimeBuilder")
             .field("store", &store)
             .field("namespace", &self.namespace)
@@ -148,7 +75,7 @@ impl LockRuntimeBuilder {
     /// Lock in one Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://` for
     /// TLS. The password never appears in errors or logs.
     pub fn redis(self, url: impl Into<String>) -> Self {
-        self.set_store(StoreChoice::Redis(url.into()))
+        self.store(RedisStore::new(url))
     }
 
     /// Lock in a Redis Cluster, given some of its nodes as seeds (`redis://host:port`, all
@@ -158,15 +85,13 @@ impl LockRuntimeBuilder {
     /// waiters use sharded pub/sub (SSUBSCRIBE), so a release reaches only the shard's
     /// subscribers. On a Cluster of Redis 6.2 (no sharded pub/sub) they subscribe classically
     /// and releases are broadcast. With `rediss://` seeds every node is reached over TLS
-    /// (cargo feature `tls`; see [`tls_root_cert_pem`](Self::tls_root_cert_pem)).
+    /// (cargo feature `tls`; see `tls_root_cert_pem`).
     pub fn redis_cluster<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.set_store(StoreChoice::Cluster(
-            urls.into_iter().map(Into::into).collect(),
-        ))
+        self.store(RedisStore::cluster(urls))
     }
 
     /// Lock in a Sentinel-managed master: `urls` are the sentinels (`redis://host:26379`);
@@ -176,19 +101,21 @@ impl LockRuntimeBuilder {
     /// sentinel URLs (cargo feature `tls`), the masters they name are reached over TLS too.
     ///
     /// Replication is asynchronous: a lock the old master granted but had not yet passed on
-    /// is gone after a failover. [`replicated_acquire`](Self::replicated_acquire) closes
-    /// that gap.
+    /// is gone after a failover.
+    /// [`RedisStore::replicated_acquire`](crate::RedisStore::replicated_acquire) closes that
+    /// gap.
     pub fn redis_sentinel<I, S>(self, master_name: impl Into<String>, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.set_store(StoreChoice::Sentinel(
-            master_name.into(),
-            urls.into_iter().map(Into::into).collect(),
-        ))
+        self.store(RedisStore::sentinel(master_name, urls))
     }
 
+    /// Deprecated: moved to [`RedisStore::replicated_acquire`](crate::RedisStore::replicated_acquire); use `.store(RedisStore::new(url).replicated_acquire(replicas, timeout))` (or `RedisStore::sentinel(..)`).
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// After each acquire, wait (Redis `WAIT`) until `replicas` replicas have the lock record,
     /// for at most `timeout`; if they do not confirm in time, the lock is given back and the
     /// acquire fails with a `LockError::Backend` saying how many confirmed. A lock acquired
@@ -199,14 +126,19 @@ impl LockRuntimeBuilder {
     /// never retried, so a `WAIT` answers for that acquire alone and never holds up the
     /// runtime's renewals and releases; it costs one connection set-up per acquire. A
     /// shortfall is a transient error: waiters keep waiting through a replica outage.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use .store(RedisStore::new(url).replicated_acquire(replicas, timeout)) (or RedisStore::sentinel(..))"
+    )]
     pub fn replicated_acquire(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.replicated = Some((replicas, timeout));
+        self.forwarded.replicated = Some((replicas, timeout));
         self
     }
 
     /// Lock across N independent Redis masters (Redlock): a lock is held when a quorum
     /// (N/2 + 1) granted it within its validity. Calls fan out in parallel, each bounded by
-    /// [`node_timeout`](Self::node_timeout); `build()` succeeds when a quorum answers.
+    /// [`RedlockStore::node_timeout`](crate::RedlockStore::node_timeout); `build()` succeeds
+    /// when a quorum answers.
     ///
     /// The fence of a Redlock lease is the largest fence among the granting quorum. It keeps
     /// increasing as long as a majority of the masters keep their counters; a master that
@@ -217,11 +149,13 @@ impl LockRuntimeBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.set_store(StoreChoice::Redlock(
-            urls.into_iter().map(Into::into).collect(),
-        ))
+        self.store(RedlockStore::new(urls))
     }
 
+    /// Deprecated: moved to [`RedlockStore::over`](crate::RedlockStore::over); use `.store(RedlockStore::over(stores))`.
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// Redlock over stores of any kind: the same quorum, fences and fan-out as
     /// [`redlock`](Self::redlock), with each member a [`LockStore`] the caller built (at least
     /// 3, independent of each other). Every member must implement
@@ -229,31 +163,35 @@ impl LockRuntimeBuilder {
     /// stores lets a test exercise Redlock's logic without servers. Each call of a member is
     /// bounded by [`node_timeout`](Self::node_timeout) (a listing, by a minute). A member that
     /// does not implement `raise_fence` makes the first acquire fail with that error.
+    #[deprecated(since = "0.1.0", note = "use .store(RedlockStore::over(stores))")]
     pub fn redlock_stores<I, S>(self, stores: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: LockStore,
     {
-        self.set_store(StoreChoice::RedlockStores(
-            stores
-                .into_iter()
-                .map(|s| Arc::new(s) as Arc<dyn DynStore>)
-                .collect(),
-        ))
+        self.store(RedlockStore::over(stores))
     }
 
+    /// Deprecated: moved to [`RedlockStore::node_timeout`](crate::RedlockStore::node_timeout); use `.store(RedlockStore::new(urls).node_timeout(timeout))` (or `RedlockStore::over(..)`).
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// With [`redlock`](Self::redlock) or [`redlock_stores`](Self::redlock_stores): how long
     /// one member may take to answer before it counts as failed for that call (default
     /// 250 ms).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use .store(RedlockStore::new(urls).node_timeout(timeout)) (or RedlockStore::over(..))"
+    )]
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = Some(timeout);
+        self.forwarded.node_timeout = Some(timeout);
         self
     }
 
     /// Lock in a PostgreSQL database (cargo feature `postgres`):
     /// `postgres://user:password@host:port/database` or the `key=value` form of libpq; the
     /// password never appears in errors or logs. One row per held lock in one table
-    /// ([`postgres_table`](Self::postgres_table), default `lock_records`, created by `build()`
+    /// ([`PostgresStore::table`](crate::PostgresStore::table), default `lock_records`, created by `build()`
     /// if missing), every time from the database's clock, fences from one sequence, waiting
     /// through `LISTEN`/`NOTIFY`. Each runtime keeps two connections: one for commands, one
     /// listening. TLS (with the `tls` cargo feature) when the URL says `sslmode=require`,
@@ -263,9 +201,13 @@ impl LockRuntimeBuilder {
     /// without TLS.
     #[cfg(feature = "postgres")]
     pub fn postgres(self, url: impl Into<String>) -> Self {
-        self.set_store(StoreChoice::Postgres(PostgresTarget::Url(url.into())))
+        self.store(PostgresStore::new(url))
     }
 
+    /// Deprecated: moved to [`PostgresStore::with_config`](crate::PostgresStore::with_config); use `.store(PostgresStore::with_config(config))`.
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// Like [`postgres`](Self::postgres), from a configuration the service already builds
     /// (hosts, user, a password from its secret store, `sslmode`); take the driver from
     /// [`store::tokio_postgres`](crate::store::tokio_postgres) so the versions match. The
@@ -278,20 +220,30 @@ impl LockRuntimeBuilder {
     /// only after its server process has ended, and a pool would not keep a release behind
     /// its acquire.
     #[cfg(feature = "postgres")]
+    #[deprecated(
+        since = "0.1.0",
+        note = "use .store(PostgresStore::with_config(config))"
+    )]
     pub fn postgres_config(self, config: crate::store::tokio_postgres::Config) -> Self {
-        self.set_store(StoreChoice::Postgres(PostgresTarget::Config(Box::new(
-            config,
-        ))))
+        self.store(PostgresStore::with_config(config))
     }
 
+    /// Deprecated: moved to [`PostgresStore::table`](crate::PostgresStore::table); use `.store(PostgresStore::new(url).table(table))`.
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// With [`postgres`](Self::postgres): the table to lock in (default `lock_records`).
     /// Lower-case letters, digits and `_`, at most 40 bytes; its sequence is `<table>_fence`
     /// and its release channel `<table>_released`. For another schema, set the connection's
     /// `search_path` (`?options=-csearch_path%3Dmy_schema`). If the table is missing and the
     /// user may not create it, `build()` fails with the SQL to run.
     #[cfg(feature = "postgres")]
+    #[deprecated(
+        since = "0.1.0",
+        note = "use .store(PostgresStore::new(url).table(table))"
+    )]
     pub fn postgres_table(mut self, table: impl Into<String>) -> Self {
-        self.postgres_table = Some(table.into());
+        self.forwarded.postgres_table = Some(table.into());
         self
     }
 
@@ -299,24 +251,30 @@ impl LockRuntimeBuilder {
     /// `http://host:port` (or `host:port`). One key per held lock on an etcd lease of the
     /// ttl (whole seconds, rounded up), fences from etcd's revisions (they survive every
     /// failover), waiting through one watch stream per runtime. For user and password, see
-    /// [`etcd_user`](Self::etcd_user). `https://` endpoints (all of them) mean TLS, with the
+    /// [`EtcdStore::user`](crate::EtcdStore::user). `https://` endpoints (all of them) mean TLS, with the
     /// `tls` cargo feature, verified against the system's roots or
-    /// [`tls_root_cert_pem`](Self::tls_root_cert_pem).
+    /// `tls_root_cert_pem` (cargo feature `tls`).
     #[cfg(feature = "etcd")]
     pub fn etcd<I, S>(self, endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.set_store(StoreChoice::Etcd(
-            endpoints.into_iter().map(Into::into).collect(),
-        ))
+        self.store(EtcdStore::new(endpoints))
     }
 
+    /// Deprecated: moved to [`EtcdStore::user`](crate::EtcdStore::user); use `.store(EtcdStore::new(endpoints).user(user, password))`.
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the
+    /// next release.
+    ///
     /// With [`etcd`](Self::etcd): authenticate as `user` with `password` (never printed).
     #[cfg(feature = "etcd")]
+    #[deprecated(
+        since = "0.1.0",
+        note = "use .store(EtcdStore::new(endpoints).user(user, password))"
+    )]
     pub fn etcd_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.etcd_user = Some((user.into(), password.into()));
+        self.forwarded.etcd_user = Some((user.into(), password.into()));
         self
     }
 
@@ -326,11 +284,15 @@ impl LockRuntimeBuilder {
         self.set_store(StoreChoice::Memory(store))
     }
 
-    /// Lock in any store that implements [`LockStore`]: a third-party store, or a test's
-    /// simulated one. The runtime keeps every promise of its own (validity, the watchdog,
-    /// waiting, shutdown) on top of what the store's calls promise.
-    pub fn store(self, store: impl LockStore) -> Self {
-        self.set_store(StoreChoice::Custom(Box::new(store)))
+    /// Lock in `store`: one of the store types with options of their own
+    /// ([`RedisStore`](crate::RedisStore), [`RedisClusterStore`](crate::RedisClusterStore),
+    /// [`RedlockStore`](crate::RedlockStore), `PostgresStore`, `EtcdStore`), or any store
+    /// that implements [`LockStore`]: a third-party store, or a test's simulated one. The
+    /// runtime keeps every promise of its own (validity, the watchdog, waiting, shutdown) on
+    /// top of what the store's calls promise, and bounds each call of a plugged-in store by
+    /// the command timeout.
+    pub fn store(self, store: impl IntoStore) -> Self {
+        self.set_store(store.into_choice().0)
     }
 
     /// The prefix of every store key (default `"lock"`): records are `<namespace>:{<key>}`.
@@ -354,8 +316,8 @@ impl LockRuntimeBuilder {
     /// With the `tls` cargo feature and `rediss://` URLs given to [`redis`](Self::redis),
     /// [`redis_cluster`](Self::redis_cluster), [`redis_sentinel`](Self::redis_sentinel) (the
     /// sentinels and the masters they name) or [`redlock`](Self::redlock), with `https://`
-    /// endpoints given to `etcd` (cargo feature `etcd`), or with [`postgres`](Self::postgres) and
-    /// [`postgres_config`](Self::postgres_config) (where it also asks for TLS, as
+    /// endpoints given to `etcd` (cargo feature `etcd`), or with `postgres` and
+    /// `PostgresStore::with_config` (cargo feature `postgres`; where it also asks for TLS, as
     /// `sslmode=require` does): trust this PEM root certificate (e.g. a private CA's) instead
     /// of the system's roots.
     /// A server whose certificate does not chain to it is refused at `build()`.
@@ -422,138 +384,22 @@ impl LockRuntimeBuilder {
         check_ttl("connect_timeout", connect_timeout)?;
         let command_timeout = self.command_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         check_ttl("command_timeout", command_timeout)?;
-        let replicated = self.replicated;
-        if let Some((replicas, timeout)) = replicated {
-            if replicas == 0 {
-                return Err(LockError::config(
-                    "replicated_acquire needs at least 1 replica",
-                ));
-            }
-            check_ttl("replicated_acquire timeout", timeout)?;
-            if !matches!(
-                self.store,
-                None | Some(StoreChoice::Redis(_) | StoreChoice::Sentinel(..))
-            ) {
-                return Err(LockError::config(
-                    "replicated_acquire applies to .redis(url) and .redis_sentinel(..) only",
-                ));
-            }
-        }
-        #[cfg(feature = "postgres")]
-        if self.postgres_table.is_some() && !matches!(self.store, Some(StoreChoice::Postgres(_))) {
+        // The deprecated setters' values are checked first, as they always were.
+        check_replicated(self.forwarded.replicated)?;
+        let Some(choice) = self.store else {
             return Err(LockError::config(
-                "postgres_table applies to .postgres(url) and .postgres_config(config) only",
+                "no store configured: call .redis(url) or .memory(MemoryStore::new()) on the builder",
             ));
-        }
-        #[cfg(feature = "etcd")]
-        if self.etcd_user.is_some() && !matches!(self.store, Some(StoreChoice::Etcd(_))) {
-            return Err(LockError::config(
-                "etcd_user applies to .etcd(endpoints) only",
-            ));
-        }
-        let backend = match self.store {
-            None => {
-                return Err(LockError::config(
-                    "no store configured: call .redis(url) or .memory(MemoryStore::new()) on the builder",
-                ));
-            }
-            Some(StoreChoice::Memory(store)) => Backend::new(store),
-            Some(StoreChoice::Custom(store)) => Backend::from_dyn(store, Some(command_timeout)),
-            #[cfg(feature = "postgres")]
-            Some(StoreChoice::Postgres(target)) => {
-                // Boxed: the connect future is deep, and callers' futures that build a
-                // runtime would otherwise carry all of its layout.
-                let store = Box::pin(PostgresStore::connect(PostgresOptions {
-                    target,
-                    table: self
-                        .postgres_table
-                        .unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
-                    connect_timeout,
-                    command_timeout,
-                    tls_root_cert: self.tls_root_cert,
-                }))
-                .await?;
-                Backend::from_dyn(Box::new(store), Some(command_timeout))
-            }
-            #[cfg(feature = "etcd")]
-            Some(StoreChoice::Etcd(endpoints)) => {
-                let store = Box::pin(EtcdStore::connect(EtcdOptions {
-                    endpoints,
-                    user: self.etcd_user,
-                    tls_root_cert: self.tls_root_cert,
-                    connect_timeout,
-                    command_timeout,
-                }))
-                .await?;
-                Backend::from_dyn(Box::new(store), Some(command_timeout))
-            }
-            Some(StoreChoice::RedlockStores(stores)) => {
-                let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
-                check_ttl("node_timeout", node_timeout)?;
-                Backend::new(RedlockBackend::from_stores(stores, node_timeout)?)
-            }
-            Some(StoreChoice::Redlock(urls)) => {
-                let node_timeout = self.node_timeout.unwrap_or(DEFAULT_NODE_TIMEOUT);
-                check_ttl("node_timeout", node_timeout)?;
-                Backend::new(
-                    RedlockBackend::connect(
-                        urls,
-                        connect_timeout,
-                        command_timeout,
-                        node_timeout,
-                        self.tls_root_cert,
-                    )
-                    .await?,
-                )
-            }
-            Some(StoreChoice::Redis(url)) => {
-                let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
-                options.replicated = replicated;
-                options.tls_root_cert = self.tls_root_cert;
-                Backend::new(RedisBackend::connect(options).await?)
-            }
-            Some(StoreChoice::Sentinel(master_name, urls)) => {
-                check_name("sentinel master name", &master_name)?;
-                if urls.is_empty() {
-                    return Err(LockError::config(
-                        "redis_sentinel needs at least one sentinel URL",
-                    ));
-                }
-                Backend::new(
-                    RedisBackend::connect(RedisOptions {
-                        urls,
-                        topology: Topology::Sentinel {
-                            master: master_name,
-                        },
-                        replicated,
-                        tls_root_cert: self.tls_root_cert,
-                        connect_timeout,
-                        command_timeout,
-                        namespace: namespace.clone(),
-                    })
-                    .await?,
-                )
-            }
-            Some(StoreChoice::Cluster(urls)) => {
-                if urls.is_empty() {
-                    return Err(LockError::config(
-                        "redis_cluster needs at least one seed node URL",
-                    ));
-                }
-                Backend::new(
-                    RedisBackend::connect(RedisOptions {
-                        urls,
-                        topology: Topology::Cluster,
-                        replicated: None,
-                        tls_root_cert: self.tls_root_cert,
-                        connect_timeout,
-                        command_timeout,
-                        namespace: namespace.clone(),
-                    })
-                    .await?,
-                )
-            }
         };
+        let backend = choice
+            .forward(self.forwarded)?
+            .connect(Shared {
+                namespace: namespace.clone(),
+                connect_timeout,
+                command_timeout,
+                tls_root_cert: self.tls_root_cert,
+            })
+            .await?;
         Ok(LockRuntime::from_parts(
             Arc::new(backend),
             namespace,

@@ -92,7 +92,11 @@ pub use lease::{Lease, LockInfo};
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use runtime::LockRuntime;
-pub use store::MemoryStore;
+#[cfg(feature = "etcd")]
+pub use store::EtcdStore;
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+pub use store::{MemoryStore, RedisClusterStore, RedisStore, RedlockStore};
 
 /// The project README's code blocks, compiled and run as doctests so it cannot drift.
 #[cfg(doctest)]

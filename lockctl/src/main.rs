@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use lock_runtime::{LockRuntime, LockRuntimeBuilder};
+use lock_runtime::{EtcdStore, LockRuntime, LockRuntimeBuilder, PostgresStore};
 
 mod ops;
 
@@ -164,14 +164,14 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         anyhow::bail!("--etcd-user goes with --etcd");
     }
     if !cli.etcd.is_empty() {
-        let builder = builder.etcd(split_urls(&cli.etcd));
+        let store = EtcdStore::new(split_urls(&cli.etcd));
         return Ok(match &cli.etcd_user {
             Some(user) => {
                 let password = std::env::var("ETCD_PASSWORD")
                     .context("--etcd-user needs the password in ETCD_PASSWORD")?;
-                builder.etcd_user(user.as_str(), password)
+                builder.store(store.user(user.as_str(), password))
             }
-            None => builder,
+            None => builder.store(store),
         });
     }
     if let Some(url) = &cli.redis {
@@ -192,10 +192,10 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         return Ok(builder.redlock(split_urls(&cli.redlock)));
     }
     if let Some(url) = &cli.postgres {
-        let builder = builder.postgres(url.as_str());
+        let store = PostgresStore::new(url.as_str());
         return Ok(match &cli.table {
-            Some(table) => builder.postgres_table(table.as_str()),
-            None => builder,
+            Some(table) => builder.store(store.table(table.as_str())),
+            None => builder.store(store),
         });
     }
     match std::env::var("REDIS_URL") {

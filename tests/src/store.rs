@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lock_runtime::{LockRuntime, MemoryStore};
+use lock_runtime::{LockRuntime, MemoryStore, RedisStore, RedlockStore};
 
 use crate::{EtcdCluster, PostgresServer, RedisCluster, RedisServer, SentinelSet};
 
@@ -14,7 +14,7 @@ pub enum TestStore {
     /// One memory store plugged in through the public `LockStore` trait
     /// (`.store(..)`), as a third-party store would be.
     Plugged(MemoryStore),
-    /// Three memory stores as the members of one Redlock quorum (`.redlock_stores(..)`).
+    /// Three memory stores as the members of one Redlock quorum (`RedlockStore::over(..)`).
     RedlockMemory(Vec<MemoryStore>),
     /// A redis-server started for the test.
     Redis(RedisServer),
@@ -90,13 +90,16 @@ impl TestStore {
         let builder = match self {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Plugged(store) => builder.store(store.clone()),
-            TestStore::RedlockMemory(stores) => builder.redlock_stores(stores.iter().cloned()),
+            TestStore::RedlockMemory(stores) => {
+                builder.store(RedlockStore::over(stores.iter().cloned()))
+            }
             TestStore::Redis(server) => builder.redis(server.url()),
             TestStore::Redlock(servers) => builder.redlock(servers.iter().map(RedisServer::url)),
             TestStore::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
-            TestStore::Sentinel(set) => builder
-                .redis_sentinel(&set.master_name, set.sentinel_urls())
-                .replicated_acquire(1, std::time::Duration::from_secs(1)),
+            TestStore::Sentinel(set) => builder.store(
+                RedisStore::sentinel(&set.master_name, set.sentinel_urls())
+                    .replicated_acquire(1, std::time::Duration::from_secs(1)),
+            ),
             TestStore::Postgres(server) => builder.postgres(server.url()),
             TestStore::Etcd(cluster) => builder.etcd(cluster.endpoints()),
         };

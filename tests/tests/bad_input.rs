@@ -261,7 +261,14 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
         .build()
         .await
         .expect("the right password connects");
-    texts.push(format!("{good:?}"));
+    // Its Debug names the store it locks in, the password masked: the check below has
+    // something to look at.
+    let shown = format!("{good:?}");
+    assert!(
+        shown.contains(&format!("127.0.0.1:{}", server.port())) && shown.contains("***"),
+        "the runtime's Debug should show its server, masked: {shown}"
+    );
+    texts.push(shown);
     let guard = good
         .lock("secretive")
         .try_acquire()

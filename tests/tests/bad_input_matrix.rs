@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::pin::Pin;
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockRuntime, MemoryStore, distributed_lock};
+use lock_runtime::{LockError, LockRuntime, MemoryStore, RedisStore, distributed_lock};
 use lock_tests::RedisServer;
 
 type Case = Pin<Box<dyn Future<Output = Result<String, LockError>> + Send>>;
@@ -182,13 +182,33 @@ async fn every_bad_input_gets_a_clear_error() {
             "replicated_acquire: 0 replicas",
             build(
                 LockRuntime::builder()
+                    .store(RedisStore::new("redis://127.0.0.1:1").replicated_acquire(0, fast)),
+            ),
+        ),
+        (
+            "replicated_acquire: 0 replicas, through Sentinel",
+            build(
+                LockRuntime::builder().store(
+                    RedisStore::sentinel("mymaster", ["redis://127.0.0.1:1"])
+                        .replicated_acquire(0, fast),
+                ),
+            ),
+        ),
+        // The deprecated builder setter, forwarded to the store: the same checks, and refused
+        // where it does not apply (the store types do not offer it there).
+        (
+            "replicated_acquire (deprecated setter): 0 replicas",
+            build(
+                #[allow(deprecated)]
+                LockRuntime::builder()
                     .redis("redis://127.0.0.1:1")
                     .replicated_acquire(0, fast),
             ),
         ),
         (
-            "replicated_acquire: on the memory store",
+            "replicated_acquire (deprecated setter): on the memory store",
             build(
+                #[allow(deprecated)]
                 LockRuntime::builder()
                     .memory(MemoryStore::new())
                     .replicated_acquire(1, fast),
@@ -370,8 +390,12 @@ fn expected(name: &str) -> Option<(&'static str, &'static [&'static str])> {
         "cluster: no seed nodes" => ("Config", &["redis_cluster", "seed node"]),
         "redlock: only 2 masters" => ("Config", &["redlock", "at least 3", "got 2"]),
         "sentinel: empty master name" => ("Config", &["sentinel master name", "empty"]),
-        "replicated_acquire: 0 replicas" => ("Config", &["replicated_acquire", "at least 1"]),
-        "replicated_acquire: on the memory store" => (
+        "replicated_acquire: 0 replicas"
+        | "replicated_acquire: 0 replicas, through Sentinel"
+        | "replicated_acquire (deprecated setter): 0 replicas" => {
+            ("Config", &["replicated_acquire", "at least 1"])
+        }
+        "replicated_acquire (deprecated setter): on the memory store" => (
             "Config",
             &["replicated_acquire", ".redis(url)", ".redis_sentinel"],
         ),

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockGuard, LockRuntime};
+use lock_runtime::{LockGuard, LockRuntime, RedisStore};
 use lock_tests::rng::XorShift;
 use lock_tests::{RedisCluster, RedisServer, SentinelSet};
 
@@ -215,12 +215,13 @@ async fn replica_confirms(master: &RedisServer, probe: &str, limit: Duration) {
 }
 
 async fn sentinel_runtime(set: &SentinelSet, replicated: bool) -> LockRuntime {
-    let mut builder = LockRuntime::builder()
-        .redis_sentinel(set.master_name.clone(), set.sentinel_urls())
-        .command_timeout(Duration::from_millis(500));
+    let mut store = RedisStore::sentinel(set.master_name.clone(), set.sentinel_urls());
     if replicated {
-        builder = builder.replicated_acquire(1, Duration::from_millis(500));
+        store = store.replicated_acquire(1, Duration::from_millis(500));
     }
+    let builder = LockRuntime::builder()
+        .store(store)
+        .command_timeout(Duration::from_millis(500));
     builder.build().await.expect("a sentinel runtime")
 }
 

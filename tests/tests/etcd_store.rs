@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockRuntime};
+use lock_runtime::{EtcdStore, LockError, LockRuntime};
 use lock_tests::EtcdCluster;
 
 const PASSWORD: &str = "s3cr3t-Pa55word";
@@ -51,12 +51,12 @@ async fn an_unreachable_endpoint_is_a_transient_error_naming_it() {
         .await
         .expect_err("no endpoint");
     assert!(matches!(err, LockError::Config(_)), "{err}");
-    let err = LockRuntime::builder()
+    // The deprecated builder setter, forwarded to the store: refused on any other store.
+    #[allow(deprecated)]
+    let builder = LockRuntime::builder()
         .redis("redis://127.0.0.1:1")
-        .etcd_user("u", "p")
-        .build()
-        .await
-        .expect_err("etcd_user without etcd");
+        .etcd_user("u", "p");
+    let err = builder.build().await.expect_err("etcd_user without etcd");
     assert!(err.to_string().contains("etcd_user applies to"), "{err}");
 }
 
@@ -75,8 +75,7 @@ async fn authentication_works_and_a_wrong_password_is_never_printed() {
     // A wrong password: refused, never printed.
     let wrong = "Wr0ng-Pa55word-xyz";
     let err = LockRuntime::builder()
-        .etcd(cluster.endpoints())
-        .etcd_user("root", wrong)
+        .store(EtcdStore::new(cluster.endpoints()).user("root", wrong))
         .build()
         .await
         .map(|_| ())
@@ -87,8 +86,7 @@ async fn authentication_works_and_a_wrong_password_is_never_printed() {
     // The right one: locks work, waiting too.
     let runtime = |owner: &'static str| {
         LockRuntime::builder()
-            .etcd(cluster.endpoints())
-            .etcd_user("root", PASSWORD)
+            .store(EtcdStore::new(cluster.endpoints()).user("root", PASSWORD))
             .owner(owner)
             .build()
     };
@@ -96,7 +94,10 @@ async fn authentication_works_and_a_wrong_password_is_never_printed() {
     let b = runtime("b").await.expect("build with the password");
     for shown in [
         format!("{a:?}"),
-        format!("{:?}", LockRuntime::builder().etcd_user("root", PASSWORD)),
+        format!(
+            "{:?}",
+            LockRuntime::builder().store(EtcdStore::new(["127.0.0.1:2379"]).user("root", PASSWORD))
+        ),
     ] {
         assert!(!shown.contains(PASSWORD), "the password leaked: {shown}");
     }
@@ -165,8 +166,7 @@ async fn a_password_over_plain_http_is_warned_about() {
     let cluster = EtcdCluster::start(1);
     with_auth(&cluster).await;
     let runtime = LockRuntime::builder()
-        .etcd(cluster.endpoints())
-        .etcd_user("root", PASSWORD)
+        .store(EtcdStore::new(cluster.endpoints()).user("root", PASSWORD))
         .build()
         .await
         .expect("build with the password");

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
+use lock_runtime::{LockRuntime, RedlockStore};
 use lock_testkit::suite::free_now;
 use lock_tests::server::send_signal;
 use lock_tests::wake::free_within_5s;
@@ -167,8 +167,10 @@ async fn a_failed_redlock_quorum_gives_back_late_grants() {
         .map(|s| FaultProxy::start(s.port()))
         .collect();
     let late = LockRuntime::builder()
-        .redlock(proxies.iter().map(FaultProxy::url))
-        .node_timeout(Duration::from_millis(200))
+        .store(
+            RedlockStore::new(proxies.iter().map(FaultProxy::url))
+                .node_timeout(Duration::from_millis(200)),
+        )
         .build()
         .await
         .expect("build");

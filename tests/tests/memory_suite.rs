@@ -1,6 +1,6 @@
 //! The behaviour suite on the in-process memory store, called directly (`.memory(..)`),
 //! through the public `LockStore` trait (`.store(..)`), the way a third-party store is, and as
-//! the three members of a Redlock quorum (`.redlock_stores(..)`).
+//! the three members of a Redlock quorum (`RedlockStore::over(..)`).
 lock_testkit::behaviour_suite!(lock_tests::TestStore::memory());
 lock_testkit::attribute_suite!(lock_tests::TestStore::memory());
 
@@ -21,7 +21,7 @@ mod quorum_members {
         AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView,
         ReleaseOutcome, ReleaseWatch, Renewal,
     };
-    use lock_runtime::{LockError, LockRuntime, MemoryStore};
+    use lock_runtime::{LockError, LockRuntime, MemoryStore, RedlockStore};
 
     /// A store that keeps every promise but cannot lift fences (the trait's default).
     #[derive(Clone, Default)]
@@ -67,7 +67,7 @@ mod quorum_members {
     async fn a_quorum_of_stores_without_raise_fence_says_so() {
         let members: Vec<NoLift> = (0..3).map(|_| NoLift::default()).collect();
         let runtime = LockRuntime::builder()
-            .redlock_stores(members.iter().cloned())
+            .store(RedlockStore::over(members.iter().cloned()))
             .build()
             .await
             .expect("a runtime");
@@ -191,7 +191,7 @@ mod quorum_members {
     async fn a_quorum_renewal_that_cannot_tell_is_not_a_loss() {
         let members: Vec<Scripted> = (0..3).map(|_| Scripted::new()).collect();
         let runtime = LockRuntime::builder()
-            .redlock_stores(members.iter().cloned())
+            .store(RedlockStore::over(members.iter().cloned()))
             .build()
             .await
             .expect("a runtime");
@@ -261,7 +261,7 @@ mod quorum_members {
         let members: Vec<Scripted> = (0..3).map(|_| Scripted::new()).collect();
         let runtime = |owner: &'static str| {
             LockRuntime::builder()
-                .redlock_stores(members.iter().cloned())
+                .store(RedlockStore::over(members.iter().cloned()))
                 .owner(owner)
                 .build()
         };

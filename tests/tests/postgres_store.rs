@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockRuntime};
+use lock_runtime::{LockError, LockRuntime, PostgresStore};
 use lock_tests::PostgresServer;
 use lock_tests::postgres::{PG_PASSWORD, hold};
 
@@ -77,16 +77,18 @@ async fn bad_urls_and_names_are_config_errors_without_the_password() {
 
     for bad in ["Locks", "locks;drop", "", &"t".repeat(41)] {
         let err = LockRuntime::builder()
-            .postgres("postgres://127.0.0.1:1/db")
-            .postgres_table(bad)
+            .store(PostgresStore::new("postgres://127.0.0.1:1/db").table(bad))
             .build()
             .await
             .expect_err("a bad table name");
         assert!(matches!(err, LockError::Config(_)), "{bad:?}: {err}");
     }
-    let err = LockRuntime::builder()
+    // The deprecated builder setter, forwarded to the store: refused on any other store.
+    #[allow(deprecated)]
+    let builder = LockRuntime::builder()
         .memory(lock_runtime::MemoryStore::new())
-        .postgres_table("locks")
+        .postgres_table("locks");
+    let err = builder
         .build()
         .await
         .expect_err("postgres_table without postgres");
@@ -142,8 +144,7 @@ async fn a_missing_table_without_create_permission_is_explained() {
         server.port()
     );
     let err = LockRuntime::builder()
-        .postgres(&url)
-        .postgres_table("job_locks")
+        .store(PostgresStore::new(&url).table("job_locks"))
         .build()
         .await
         .expect_err("no table and no right to create it");
@@ -172,8 +173,7 @@ async fn a_missing_table_without_create_permission_is_explained() {
         .await
         .expect("grants");
     let rt = LockRuntime::builder()
-        .postgres(&url)
-        .postgres_table("job_locks")
+        .store(PostgresStore::new(&url).table("job_locks"))
         .build()
         .await
         .expect("the table exists now");
@@ -496,8 +496,7 @@ async fn an_older_table_gains_its_column_or_the_sql_for_it() {
 
     // The owner's runtime (the superuser here) brings its table up to date.
     let rt = LockRuntime::builder()
-        .postgres(server.url())
-        .postgres_table("own_locks")
+        .store(PostgresStore::new(server.url()).table("own_locks"))
         .build()
         .await
         .expect("the owner adds the column");
@@ -511,8 +510,7 @@ async fn an_older_table_gains_its_column_or_the_sql_for_it() {
     );
     let build = || {
         LockRuntime::builder()
-            .postgres(&url)
-            .postgres_table("old_locks")
+            .store(PostgresStore::new(&url).table("old_locks"))
             .build()
     };
     let err = build().await.expect_err("no right to change the table");
@@ -545,7 +543,7 @@ async fn a_driver_config_the_service_built_is_accepted() {
         .user(lock_tests::postgres::PG_USER)
         .password(PG_PASSWORD)
         .dbname("postgres");
-    let builder = LockRuntime::builder().postgres_config(config.clone());
+    let builder = LockRuntime::builder().store(PostgresStore::with_config(config.clone()));
     let shown = format!("{builder:?}");
     assert!(!shown.contains(PG_PASSWORD), "{shown}");
     assert!(shown.contains("locktest@127.0.0.1"), "{shown}");
@@ -558,7 +556,7 @@ async fn a_driver_config_the_service_built_is_accepted() {
 
     config.password("wrong-password-5772");
     let err = LockRuntime::builder()
-        .postgres_config(config)
+        .store(PostgresStore::with_config(config))
         .build()
         .await
         .expect_err("a wrong password");

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
+use lock_runtime::{LockRuntime, RedisStore};
 use lock_testkit::suite::free_now;
 use lock_tests::server::send_signal;
 use lock_tests::wake::free_within_5s;
@@ -77,8 +77,7 @@ async fn never_confirms_through_a_retry() {
     let (master, replica) = master_with_replica().await;
     let proxy = FaultProxy::start(master.port());
     let runtime = LockRuntime::builder()
-        .redis(proxy.url())
-        .replicated_acquire(1, Duration::from_secs(3))
+        .store(RedisStore::new(proxy.url()).replicated_acquire(1, Duration::from_secs(3)))
         .build()
         .await
         .expect("build");
@@ -114,8 +113,7 @@ async fn never_confirms_through_a_retry() {
 async fn its_waits_do_not_starve_renewals() {
     let (master, mut replica) = master_with_replica().await;
     let runtime = LockRuntime::builder()
-        .redis(master.url())
-        .replicated_acquire(1, Duration::from_secs(1))
+        .store(RedisStore::new(master.url()).replicated_acquire(1, Duration::from_secs(1)))
         .build()
         .await
         .expect("build");
@@ -172,8 +170,7 @@ async fn a_cancelled_one_leaves_no_grant() {
     let (master, _replica) = master_with_replica().await;
     let proxy = FaultProxy::start(master.port());
     let runtime = LockRuntime::builder()
-        .redis(proxy.url())
-        .replicated_acquire(1, Duration::from_secs(2))
+        .store(RedisStore::new(proxy.url()).replicated_acquire(1, Duration::from_secs(2)))
         .command_timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(10))
         .build()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockRuntime};
+use lock_runtime::{LockError, LockRuntime, RedisStore};
 use lock_tests::{TestStore, wake};
 
 lock_testkit::behaviour_suite!(lock_tests::TestStore::sentinel());
@@ -67,8 +67,10 @@ async fn replicated_acquire_without_a_replica_fails_clearly() {
     };
     set.servers[1].kill();
     let runtime = LockRuntime::builder()
-        .redis_sentinel(&set.master_name, set.sentinel_urls())
-        .replicated_acquire(1, Duration::from_millis(300))
+        .store(
+            RedisStore::sentinel(&set.master_name, set.sentinel_urls())
+                .replicated_acquire(1, Duration::from_millis(300)),
+        )
         .build()
         .await
         .expect("build");

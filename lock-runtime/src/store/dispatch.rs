@@ -89,13 +89,16 @@ impl<S: LockStore> DynStore for S {
 /// in, behind [`DynStore`]. `lock-bench --macro-overhead` measured this against the enum it
 /// replaced (which called the built-in stores without a boxed future): docs/benchmarks.md.
 pub(crate) struct Backend {
-    store: Box<dyn DynStore>,
+    store: Arc<dyn DynStore>,
     /// Every call is cut off after this, and counts as transient: the command timeout for
     /// PostgreSQL, etcd and any plugged-in store. `None` for Redis, Redlock and the memory
     /// store, each of whose round trips is already bounded (Redis' response timeout, a quorum
     /// member's node timeout): an outer cut would change what they answer (a Cluster renewal
     /// answers shard by shard; a replicated acquire waits its own timeout).
     bound: Option<Duration>,
+    /// The store, for `Debug` (credentials masked); none for a plugged-in one, shown as
+    /// `store(..)`.
+    shown: Option<Arc<dyn std::fmt::Debug + Send + Sync>>,
 }
 
 /// Shared handle to a store.
@@ -103,14 +106,34 @@ pub(crate) type SharedBackend = Arc<Backend>;
 
 impl Backend {
     /// A built-in store, which bounds its own calls.
-    pub(crate) fn new(store: impl LockStore) -> Self {
-        Self::from_dyn(Box::new(store), None)
+    pub(crate) fn new(store: impl LockStore + std::fmt::Debug) -> Self {
+        Self::built_in(store, None)
+    }
+
+    /// A built-in store (PostgreSQL, etcd) each of whose calls the runtime cuts off after
+    /// `timeout`, the command timeout.
+    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    pub(crate) fn bounded(store: impl LockStore + std::fmt::Debug, timeout: Duration) -> Self {
+        Self::built_in(store, Some(timeout))
+    }
+
+    fn built_in(store: impl LockStore + std::fmt::Debug, bound: Option<Duration>) -> Self {
+        let store = Arc::new(store);
+        Backend {
+            store: store.clone(),
+            bound,
+            shown: Some(store),
+        }
     }
 
     /// `store`, each of whose calls the runtime cuts off after `bound` (the builder's command
     /// timeout for any store that is not built in) unless `None`.
     pub(crate) fn from_dyn(store: Box<dyn DynStore>, bound: Option<Duration>) -> Self {
-        Backend { store, bound }
+        Backend {
+            store: Arc::from(store),
+            bound,
+            shown: None,
+        }
     }
 
     async fn within<T>(
@@ -209,8 +232,11 @@ impl Backend {
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend")
-            .field("bound", &self.bound)
-            .finish_non_exhaustive()
+        let mut shown = f.debug_struct("Backend");
+        match &self.shown {
+            Some(store) => shown.field("store", store),
+            None => shown.field("store", &format_args!("store(..)")),
+        };
+        shown.field("bound", &self.bound).finish()
     }
 }

@@ -7,10 +7,12 @@
 //! calls of [`LockStore`] with the semantics written on each (five that locking needs, two
 //! for operators: `list` and `force_release`).
 
+mod choice;
 mod dispatch;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 mod hub;
+mod kinds;
 mod listing;
 mod lock_store;
 mod memory;
@@ -21,15 +23,22 @@ mod redis;
 mod redlock;
 mod types;
 
+pub use choice::{Chosen, IntoStore};
+pub(crate) use choice::{Forwarded, Shared, StoreChoice, check_replicated};
 pub(crate) use dispatch::{Backend, DynStore, SharedBackend};
 #[cfg(feature = "etcd")]
-pub(crate) use etcd::{EtcdOptions, EtcdStore};
+pub(crate) use etcd::{EtcdBackend, EtcdOptions};
 pub use hub::{ReleaseHub, ReleaseWatch};
+#[cfg(feature = "etcd")]
+pub use kinds::EtcdStore;
+#[cfg(feature = "postgres")]
+pub use kinds::PostgresStore;
+pub use kinds::{RedisClusterStore, RedisStore, RedlockStore};
 pub use listing::{QuorumView, key_matches, key_of_record};
 pub use lock_store::LockStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub(crate) use postgres::{DEFAULT_TABLE, PostgresOptions, PostgresStore, PostgresTarget};
+pub(crate) use postgres::{DEFAULT_TABLE, PostgresBackend, PostgresOptions, PostgresTarget};
 pub use pubsub::{PubSubConnection, PubSubEvent, Subscriber};
 pub(crate) use redis::{RedisBackend, RedisOptions, Topology};
 pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};

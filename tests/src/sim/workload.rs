@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
 use std::time::Duration;
 
-use lock_runtime::{Lease, LockError, LockGuard, LockRuntime, current_lease, distributed_lock};
+use lock_runtime::{
+    Lease, LockError, LockGuard, LockRuntime, RedlockStore, current_lease, distributed_lock,
+};
 use tokio::time::Instant;
 
 use super::history::{FaultKind, History, Verdict};
@@ -263,8 +265,9 @@ async fn simulate(seed: u64, length: Duration) -> SimReport {
         let builder = if nodes == 1 {
             LockRuntime::builder().store(SimStore::new(world.clone(), client, 0))
         } else {
-            LockRuntime::builder()
-                .redlock_stores((0..nodes).map(|node| SimStore::new(world.clone(), client, node)))
+            LockRuntime::builder().store(RedlockStore::over(
+                (0..nodes).map(|node| SimStore::new(world.clone(), client, node)),
+            ))
         };
         match builder
             .owner(format!("sim-{client}"))

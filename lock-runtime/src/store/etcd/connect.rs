@@ -10,10 +10,10 @@ use tokio::sync::OnceCell;
 
 use super::super::ReleaseHub;
 use super::conn::Conn;
-use super::{EtcdOptions, EtcdStore, KEEP_ALIVE, error, unsent};
+use super::{EtcdBackend, EtcdOptions, KEEP_ALIVE, error, unsent};
 use crate::{BackendError, LockError};
 
-impl EtcdStore {
+impl EtcdBackend {
     /// Connects and checks that the cluster answers, within the connect timeout.
     pub(crate) async fn connect(options: EtcdOptions) -> Result<Self, LockError> {
         if options.endpoints.is_empty() {
@@ -83,7 +83,7 @@ impl EtcdStore {
                 .into());
             }
         };
-        Ok(EtcdStore {
+        Ok(EtcdBackend {
             conn: Arc::new(Conn {
                 client,
                 options,

@@ -72,7 +72,7 @@ const MAX_WRITTEN: usize = 100_000;
 const KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// A store in etcd.
-pub(crate) struct EtcdStore {
+pub(crate) struct EtcdBackend {
     conn: Arc<Conn>,
     hub: Arc<ReleaseHub>,
     subscriber: OnceCell<Subscriber>,
@@ -82,9 +82,9 @@ pub(crate) struct EtcdStore {
     written: Mutex<HashMap<String, Vec<u8>>>,
 }
 
-impl std::fmt::Debug for EtcdStore {
+impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
+        f.debug_struct("EtcdBackend")
             .field("endpoints", &self.conn.shown)
             .finish_non_exhaustive()
     }
@@ -163,7 +163,7 @@ fn gets(response: &TxnResponse) -> Vec<Option<KeyValue>> {
         .collect()
 }
 
-impl LockStore for EtcdStore {
+impl LockStore for EtcdBackend {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let context = format!("acquire of `{}` failed", r.names.key());
         let record = r.names.record();
@@ -339,7 +339,7 @@ impl LockStore for EtcdStore {
     }
 }
 
-impl EtcdStore {
+impl EtcdBackend {
     /// Releases the record: in one
     /// conditional transaction when this store wrote it and no min_hold or marker is in play,
     /// otherwise after reading it and its hold key.
@@ -456,7 +456,7 @@ impl EtcdStore {
     }
 }
 
-impl EtcdStore {
+impl EtcdBackend {
     /// A record as `inspect` and `list` show it.
     async fn view(&self, kv: &KeyValue) -> RecordView {
         let (_, acquired, owner) = parse_value(kv.value()).unwrap_or(("", 0, ""));

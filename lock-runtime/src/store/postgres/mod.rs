@@ -40,6 +40,7 @@ pub(crate) const DEFAULT_TABLE: &str = "lock_records";
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Where the store connects: a connection string, or the driver's configuration.
+#[derive(Clone)]
 pub(crate) enum PostgresTarget {
     Url(String),
     Config(Box<tokio_postgres::Config>),
@@ -73,22 +74,22 @@ pub(crate) struct PostgresOptions {
 }
 
 /// The PostgreSQL store of one runtime.
-pub(crate) struct PostgresStore {
+pub(crate) struct PostgresBackend {
     shared: Arc<Shared>,
     listener: Listener,
     sweeper: JoinHandle<()>,
 }
 
-impl std::fmt::Debug for PostgresStore {
+impl std::fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresStore")
+        f.debug_struct("PostgresBackend")
             .field("url", &self.shared.shown)
             .field("table", &self.shared.table.name)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for PostgresStore {
+impl Drop for PostgresBackend {
     fn drop(&mut self) {
         self.sweeper.abort();
     }
@@ -124,7 +125,7 @@ struct Session {
     inspect: Statement,
 }
 
-impl PostgresStore {
+impl PostgresBackend {
     /// Connects, creates the table if it is missing, prepares the statements and starts
     /// listening for releases; every failure is reported here, not at the first lock.
     pub(crate) async fn connect(options: PostgresOptions) -> Result<Self, LockError> {
@@ -194,7 +195,7 @@ impl PostgresStore {
         .await
         .map_err(|e| shared.error("cannot LISTEN for releases", e))?;
         let sweeper = tokio::spawn(sweep_loop(Arc::downgrade(&shared)));
-        Ok(PostgresStore {
+        Ok(PostgresBackend {
             shared,
             listener,
             sweeper,
@@ -206,7 +207,7 @@ impl PostgresStore {
     }
 }
 
-impl LockStore for PostgresStore {
+impl LockStore for PostgresBackend {
     async fn acquire(&self, r: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
         let s = self.shared.session().await?;
         let ttl = millis(r.ttl);
@@ -413,7 +414,7 @@ impl LockStore for PostgresStore {
     }
 }
 
-impl PostgresStore {
+impl PostgresBackend {
     /// Renews each item with a statement of its own: an item whose row stays locked, or whose
     /// statement fails, answers [`Renewal::Unknown`] and costs the others nothing.
     async fn extend_one_by_one(&self, s: &Session, items: &[ExtendItem]) -> Vec<Renewal> {

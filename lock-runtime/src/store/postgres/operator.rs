@@ -3,10 +3,10 @@
 
 use super::super::listing::{key_of_record, like_pattern};
 use super::super::{KeyNames, RecordView};
-use super::{PostgresStore, duration};
+use super::{PostgresBackend, duration};
 use crate::LockError;
 
-impl PostgresStore {
+impl PostgresBackend {
     /// The live records of `namespace` whose key matches `pattern`.
     pub(super) async fn list_records(
         &self,

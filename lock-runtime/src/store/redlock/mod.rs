@@ -1,6 +1,6 @@
 //! Redlock: one lock across N independent stores, held when a quorum (N/2 + 1) granted it
 //! within its validity. The members are Redis masters (`.redlock(urls)`) or any [`LockStore`]
-//! (`.redlock_stores(..)`, which is how the simulation runs this very code on simulated
+//! (`RedlockStore::over(..)`, which is how the simulation runs this very code on simulated
 //! masters). This module fans each call out in parallel, each member bounded by a short
 //! timeout, and counts.
 
