@@ -1,5 +1,25 @@
 //! Distributed locks for scheduled async jobs: run a job on exactly one of N service
-//! instances, with leases in Redis or PostgreSQL (or in process memory for demos and tests).
+//! instances, with leases in Redis, PostgreSQL or etcd (or in process memory for demos and
+//! tests).
+//!
+//! ```no_run
+//! use lock_runtime::{distributed_lock, LockRuntime};
+//!
+//! #[distributed_lock(key = "interest-posting", ttl = "60s", on_contention = "skip")]
+//! async fn post_daily_interest() -> anyhow::Result<()> {
+//!     // runs on one instance only; the others return Ok(()) without running it
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> anyhow::Result<()> {
+//!     LockRuntime::builder().redis("redis://127.0.0.1:6379").build().await?.install()?;
+//!     post_daily_interest().await
+//! }
+//! ```
+//!
+//! The example the project README opens with; the README goes on with the options, the
+//! guarantees in brief, and the stores.
 //!
 //! - [`LockRuntime`] is configured once at startup ([`LockRuntime::builder`]) and either
 //!   installed process-wide or used directly.

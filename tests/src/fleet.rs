@@ -292,3 +292,96 @@ pub fn git_commit() -> String {
 pub fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
 }
+
+/// A setting from the environment, or `default` when unset or unreadable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The workers of a store soak.
+const STORE_SOAK_WORKERS: usize = 3;
+
+/// One mixed soak of a store that replicates before it answers (PostgreSQL, etcd), so no
+/// failover is excused: its length and seed from `<PREFIX>_SOAK_SECS` (10 s by default) and
+/// `<PREFIX>_SOAK_SEED` (the clock by default; printed, so a run can be replayed), its figures
+/// to `<PREFIX>_SOAK_RESULTS` when set.
+#[derive(Debug)]
+pub struct StoreSoak {
+    prefix: &'static str,
+    /// How long the workers run.
+    pub seconds: f64,
+    /// The fault schedule's seed.
+    pub seed: u64,
+    commit: String,
+}
+
+impl StoreSoak {
+    /// Reads the settings of the soak named `name` and prints them.
+    pub fn from_env(prefix: &'static str, name: &str) -> Self {
+        let seconds: f64 = env_or(&format!("{prefix}_SOAK_SECS"), 10.0);
+        let seed: u64 = env_or(
+            &format!("{prefix}_SOAK_SEED"),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1),
+        );
+        println!("{name} soak: {seconds} s, seed {seed} (replay with {prefix}_SOAK_SEED={seed})");
+        StoreSoak {
+            prefix,
+            seconds,
+            seed,
+            commit: git_commit(),
+        }
+    }
+
+    /// Runs the workers (`worker_bin`, the `soak_worker` binary) against `lock_url` (its store
+    /// argument) while faults
+    /// come every 0.3-1 s: of `store_kinds + 5` kinds, the five common ones (`proxy`, the
+    /// workers), and `store_fault(i, rng)` for kind `5 + i`. Then checks exclusion, fences and
+    /// counters and reports, as `store` in the results.
+    pub fn run(
+        self,
+        worker_bin: &str,
+        store: &str,
+        lock_url: String,
+        proxy: &FaultProxy,
+        store_kinds: u64,
+        mut store_fault: impl FnMut(u64, &mut XorShift) -> &'static str,
+    ) {
+        let StoreSoak {
+            prefix,
+            seconds,
+            seed,
+            commit,
+        } = self;
+        let mut rng = XorShift::new(seed);
+        let mut fleet = Fleet::new(worker_bin, lock_url, seed);
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let mut workers: Vec<Child> = (0..STORE_SOAK_WORKERS)
+            .map(|i| fleet.spawn_worker(seconds, seed.wrapping_add(i as u64 + 1), false))
+            .collect();
+        let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
+        while Instant::now() + Duration::from_millis(1500) < deadline {
+            std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
+            let kind = match rng.below(5 + store_kinds) {
+                n @ 0..=4 => fleet.common_fault(n, proxy, &mut workers, &mut rng, deadline),
+                n => store_fault(n - 5, &mut rng),
+            };
+            *faults.entry(kind).or_default() += 1;
+        }
+        for mut w in workers {
+            let status = w.wait().expect("reaping a worker");
+            assert!(status.success(), "a worker failed: {status}");
+        }
+        let figures = fleet.evaluate(&[]);
+        let run = format!(
+            "  \"store\": \"{store}\",\n  \"commit\": \"{commit}\",\n  \"seed\": {seed},\n  \
+             \"seconds\": {seconds}"
+        );
+        fleet.report(&figures, &run, &faults, &format!("{prefix}_SOAK_RESULTS"));
+    }
+}

@@ -27,7 +27,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use lock_tests::exclusion::{Failover, monotonic_us};
-use lock_tests::fleet::{Fleet, git_commit};
+use lock_tests::fleet::{Fleet, env_or, git_commit};
 use lock_tests::rng::XorShift;
 use lock_tests::{FaultProxy, RedisServer};
 
@@ -146,13 +146,6 @@ impl Soak {
         self.follow_master(old);
         died
     }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
 }
 
 #[test]
