@@ -112,9 +112,11 @@ impl LockRuntimeBuilder {
         self.store(RedisStore::sentinel(master_name, urls))
     }
 
-    /// Deprecated: moved to [`RedisStore::replicated_acquire`](crate::RedisStore::replicated_acquire); use `.store(RedisStore::new(url).replicated_acquire(replicas, timeout))` (or `RedisStore::sentinel(..)`).
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to
+    /// [`RedisStore::replicated_acquire`](crate::RedisStore::replicated_acquire); use
+    /// `.store(RedisStore::new(url).replicated_acquire(replicas, timeout))` (or
+    /// `RedisStore::sentinel(..)`). Forwards to it (a value set on the store itself wins); it will
+    /// be removed in the next release.
     ///
     /// After each acquire, wait (Redis `WAIT`) until `replicas` replicas have the lock record,
     /// for at most `timeout`; if they do not confirm in time, the lock is given back and the
@@ -152,9 +154,8 @@ impl LockRuntimeBuilder {
         self.store(RedlockStore::new(urls))
     }
 
-    /// Deprecated: moved to [`RedlockStore::over`](crate::RedlockStore::over); use `.store(RedlockStore::over(stores))`.
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to [`RedlockStore::over`](crate::RedlockStore::over); use
+    /// `.store(RedlockStore::over(stores))`. It will be removed in the next release.
     ///
     /// Redlock over stores of any kind: the same quorum, fences and fan-out as
     /// [`redlock`](Self::redlock), with each member a [`LockStore`] the caller built (at least
@@ -172,9 +173,10 @@ impl LockRuntimeBuilder {
         self.store(RedlockStore::over(stores))
     }
 
-    /// Deprecated: moved to [`RedlockStore::node_timeout`](crate::RedlockStore::node_timeout); use `.store(RedlockStore::new(urls).node_timeout(timeout))` (or `RedlockStore::over(..)`).
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to [`RedlockStore::node_timeout`](crate::RedlockStore::node_timeout); use
+    /// `.store(RedlockStore::new(urls).node_timeout(timeout))` (or `RedlockStore::over(..)`).
+    /// Forwards to it (a value set on the store itself wins); it will be removed in the next
+    /// release.
     ///
     /// With [`redlock`](Self::redlock) or [`redlock_stores`](Self::redlock_stores): how long
     /// one member may take to answer before it counts as failed for that call (default
@@ -191,9 +193,9 @@ impl LockRuntimeBuilder {
     /// Lock in a PostgreSQL database (cargo feature `postgres`):
     /// `postgres://user:password@host:port/database` or the `key=value` form of libpq; the
     /// password never appears in errors or logs. One row per held lock in one table
-    /// ([`PostgresStore::table`](crate::PostgresStore::table), default `lock_records`, created by `build()`
-    /// if missing), every time from the database's clock, fences from one sequence, waiting
-    /// through `LISTEN`/`NOTIFY`. Each runtime keeps two connections: one for commands, one
+    /// ([`PostgresStore::table`](crate::PostgresStore::table), default `lock_records`, created
+    /// by `build()` if missing), every time from the database's clock, fences from one
+    /// sequence, waiting through `LISTEN`/`NOTIFY`. Each runtime keeps two connections: one for commands, one
     /// listening. TLS (with the `tls` cargo feature) when the URL says `sslmode=require`,
     /// `verify-ca` or `verify-full` (or `sslnegotiation=direct`), or a `tls_root_cert_pem` is
     /// given; the server's certificate and name are then always verified, against the
@@ -204,9 +206,8 @@ impl LockRuntimeBuilder {
         self.store(PostgresStore::new(url))
     }
 
-    /// Deprecated: moved to [`PostgresStore::with_config`](crate::PostgresStore::with_config); use `.store(PostgresStore::with_config(config))`.
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to [`PostgresStore::with_config`](crate::PostgresStore::with_config); use
+    /// `.store(PostgresStore::with_config(config))`. It will be removed in the next release.
     ///
     /// Like [`postgres`](Self::postgres), from a configuration the service already builds
     /// (hosts, user, a password from its secret store, `sslmode`); take the driver from
@@ -228,9 +229,9 @@ impl LockRuntimeBuilder {
         self.store(PostgresStore::with_config(config))
     }
 
-    /// Deprecated: moved to [`PostgresStore::table`](crate::PostgresStore::table); use `.store(PostgresStore::new(url).table(table))`.
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to [`PostgresStore::table`](crate::PostgresStore::table); use
+    /// `.store(PostgresStore::new(url).table(table))`. Forwards to it (a value set on the store
+    /// itself wins); it will be removed in the next release.
     ///
     /// With [`postgres`](Self::postgres): the table to lock in (default `lock_records`).
     /// Lower-case letters, digits and `_`, at most 40 bytes; its sequence is `<table>_fence`
@@ -251,9 +252,9 @@ impl LockRuntimeBuilder {
     /// `http://host:port` (or `host:port`). One key per held lock on an etcd lease of the
     /// ttl (whole seconds, rounded up), fences from etcd's revisions (they survive every
     /// failover), waiting through one watch stream per runtime. For user and password, see
-    /// [`EtcdStore::user`](crate::EtcdStore::user). `https://` endpoints (all of them) mean TLS, with the
-    /// `tls` cargo feature, verified against the system's roots or
-    /// `tls_root_cert_pem` (cargo feature `tls`).
+    /// [`EtcdStore::user`](crate::EtcdStore::user). `https://` endpoints (all of them) mean
+    /// TLS, with the `tls` cargo feature, verified against the system's roots or
+    /// `tls_root_cert_pem`.
     #[cfg(feature = "etcd")]
     pub fn etcd<I, S>(self, endpoints: I) -> Self
     where
@@ -263,9 +264,9 @@ impl LockRuntimeBuilder {
         self.store(EtcdStore::new(endpoints))
     }
 
-    /// Deprecated: moved to [`EtcdStore::user`](crate::EtcdStore::user); use `.store(EtcdStore::new(endpoints).user(user, password))`.
-    /// Forwards to it (a value set on the store itself wins); it will be removed in the
-    /// next release.
+    /// Deprecated: moved to [`EtcdStore::user`](crate::EtcdStore::user); use
+    /// `.store(EtcdStore::new(endpoints).user(user, password))`. Forwards to it (a value set on the
+    /// store itself wins); it will be removed in the next release.
     ///
     /// With [`etcd`](Self::etcd): authenticate as `user` with `password` (never printed).
     #[cfg(feature = "etcd")]

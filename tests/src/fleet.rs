@@ -312,9 +312,9 @@ const STORE_SOAK_WORKERS: usize = 3;
 pub struct StoreSoak {
     prefix: &'static str,
     /// How long the workers run.
-    pub seconds: f64,
+    seconds: f64,
     /// The fault schedule's seed.
-    pub seed: u64,
+    seed: u64,
     commit: String,
 }
 

@@ -685,6 +685,24 @@ impl SentinelSet {
                     .expect("CONFIG SET");
             }
         }
+        self.configure("auth-pass", password);
+        for sentinel in &self.sentinels {
+            let mut conn = sentinel
+                .client()
+                .get_connection()
+                .expect("connect to a sentinel");
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg("resetpass")
+                .arg(format!(">{password}"))
+                .query(&mut conn)
+                .expect("ACL SETUSER on a sentinel");
+        }
+    }
+
+    /// `SENTINEL SET <master> <option> <value>` on every sentinel.
+    pub fn configure(&self, option: &str, value: impl redis::ToRedisArgs + Copy) {
         for sentinel in &self.sentinels {
             let mut conn = sentinel
                 .client()
@@ -693,17 +711,10 @@ impl SentinelSet {
             let _: () = redis::cmd("SENTINEL")
                 .arg("SET")
                 .arg(&self.master_name)
-                .arg("auth-pass")
-                .arg(password)
+                .arg(option)
+                .arg(value)
                 .query(&mut conn)
-                .expect("SENTINEL SET auth-pass");
-            let _: () = redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("default")
-                .arg("resetpass")
-                .arg(format!(">{password}"))
-                .query(&mut conn)
-                .expect("ACL SETUSER on a sentinel");
+                .unwrap_or_else(|e| panic!("SENTINEL SET {option}: {e}"));
         }
     }
 

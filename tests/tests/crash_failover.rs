@@ -367,16 +367,7 @@ async fn sentinel_crash_failovers_are_counted() {
     // A sentinel starts no new failover of a master within twice this timeout of the last;
     // the harness's 5 s would make each trial last 10 s. (1.5 s proved too short: a sentinel
     // gave up waiting for its promoted replica and promoted the other server.)
-    for sentinel in &set.sentinels {
-        let mut conn = sentinel.client().get_connection().expect("connect");
-        let _: () = redis::cmd("SENTINEL")
-            .arg("SET")
-            .arg(&set.master_name)
-            .arg("failover-timeout")
-            .arg(3000)
-            .query(&mut conn)
-            .expect("SENTINEL SET failover-timeout");
-    }
+    set.configure("failover-timeout", 3000);
     let mut rng = XorShift::new(7);
     let mut replicated_doubles = 0;
     let mut repeated = 0;

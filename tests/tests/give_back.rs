@@ -106,19 +106,7 @@ async fn the_wait_loop_leaves_no_grant_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_acquire_timeout_leaves_no_grant_behind() {
     let set = SentinelSet::start();
-    for sentinel in &set.sentinels {
-        let mut conn = sentinel
-            .client()
-            .get_connection()
-            .expect("connect to a sentinel");
-        let _: () = redis::cmd("SENTINEL")
-            .arg("SET")
-            .arg(&set.master_name)
-            .arg("down-after-milliseconds")
-            .arg(60_000)
-            .query(&mut conn)
-            .expect("SENTINEL SET");
-    }
+    set.configure("down-after-milliseconds", 60_000);
     let sentinel_runtime = |timeout: Duration| {
         LockRuntime::builder()
             .redis_sentinel(&set.master_name, set.sentinel_urls())

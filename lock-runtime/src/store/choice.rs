@@ -1,7 +1,6 @@
 //! The store a builder was given ([`IntoStore`]), and its connecting at `build()` into the
 //! runtime's one dispatch handle.
 
-use std::any::Any;
 use std::time::Duration;
 
 #[cfg(feature = "etcd")]
@@ -16,7 +15,9 @@ use crate::config::{check_name, check_ttl};
 
 /// What [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store) takes: one of the
 /// store types of this module ([`RedisStore`], [`RedisClusterStore`], [`RedlockStore`],
-/// `PostgresStore`, `EtcdStore`), a [`MemoryStore`], or any [`LockStore`].
+/// `PostgresStore`, `EtcdStore`), or any [`LockStore`] (a [`MemoryStore`] too, plugged in
+/// as a third-party store would be, each call bounded by the command timeout; `.memory(..)`
+/// calls it directly).
 pub trait IntoStore {
     #[doc(hidden)]
     fn into_choice(self) -> Chosen;
@@ -34,16 +35,7 @@ impl std::fmt::Debug for Chosen {
 
 impl<S: LockStore> IntoStore for S {
     fn into_choice(self) -> Chosen {
-        // The memory store is called without the command timeout's bound whichever way it
-        // was chosen, as `.memory(..)` does: it never waits on anything.
-        let any: Box<dyn Any> = Box::new(self);
-        match any.downcast::<MemoryStore>() {
-            Ok(memory) => Chosen(StoreChoice::Memory(*memory)),
-            Err(other) => match other.downcast::<S>() {
-                Ok(store) => Chosen(StoreChoice::Custom(store)),
-                Err(_) => unreachable!("a Box<dyn Any> made from an S downcasts to S"),
-            },
-        }
+        Chosen(StoreChoice::Custom(Box::new(self)))
     }
 }
 

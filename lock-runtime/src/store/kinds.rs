@@ -15,8 +15,9 @@ use crate::config::redact_url;
 /// ```
 /// # use std::time::Duration;
 /// # use lock_runtime::{LockRuntime, RedisStore};
-/// let builder = LockRuntime::builder()
-///     .store(RedisStore::new("redis://127.0.0.1:6379").replicated_acquire(1, Duration::from_millis(200)));
+/// let store = RedisStore::new("redis://127.0.0.1:6379")
+///     .replicated_acquire(1, Duration::from_millis(200));
+/// let builder = LockRuntime::builder().store(store);
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
@@ -125,8 +126,9 @@ impl RedlockStore {
 
     /// Over stores of any kind: the same quorum, fences and fan-out, with each member a
     /// [`LockStore`] the caller built (at least 3, independent of each other). Every member
-    /// must implement [`LockStore::raise_fence`]; the built-in [`MemoryStore`](super::MemoryStore) does, so a
-    /// quorum of memory stores lets a test exercise Redlock's logic without servers. Each
+    /// must implement [`LockStore::raise_fence`]; the built-in
+    /// [`MemoryStore`](super::MemoryStore) does, so a quorum of memory stores lets a test
+    /// exercise Redlock's logic without servers. Each
     /// call of a member is bounded by the node timeout (a listing, by a minute). A member
     /// that does not implement `raise_fence` makes the first acquire fail with that error.
     pub fn over<I, S>(stores: I) -> Self

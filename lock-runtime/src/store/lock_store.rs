@@ -247,20 +247,20 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<RecordView>, LockError>> + Send;
 
     /// Starts watching the lock's releases. Resolves once the watch is live: a release that
-    /// frees the lock after this returns must wake it (a [`ReleaseHub`](super::ReleaseHub) does the fan-out).
-    /// A store whose subscription broke and came back must wake every watch
-    /// ([`ReleaseHub::notify_all`](super::ReleaseHub::notify_all)), since releases may have passed meanwhile. A watch may
-    /// also wake without a release; the runtime then just tries again, and without any wake
-    /// it still retries when the holder's ttl runs out.
+    /// frees the lock after this returns must wake it (a [`ReleaseHub`](super::ReleaseHub)
+    /// does the fan-out). A store whose subscription broke and came back must wake every
+    /// watch ([`ReleaseHub::notify_all`](super::ReleaseHub::notify_all)), since releases may
+    /// have passed meanwhile. A watch may also wake without a release; the runtime then just
+    /// tries again, and without any wake it still retries when the holder's ttl runs out.
     fn watch_releases(
         &self,
         names: &KeyNames,
     ) -> impl Future<Output = Result<ReleaseWatch, LockError>> + Send;
 
     /// For operators (`LockRuntime::list`, lockctl): every live record of `namespace` whose
-    /// key matches `pattern` ([`key_matches`](super::key_matches): `*` any run of characters, `?` one), with its
-    /// key (without namespace), in any order. Records kept for min_hold count as live; done
-    /// markers are not records. Not on any hot path: a scan is fine.
+    /// key matches `pattern` ([`key_matches`](super::key_matches): `*` any run of characters,
+    /// `?` one), with its key (without namespace), in any order. Records kept for min_hold
+    /// count as live; done markers are not records. Not on any hot path: a scan is fine.
     fn list(
         &self,
         namespace: &str,
