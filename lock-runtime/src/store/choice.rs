@@ -320,3 +320,15 @@ pub(crate) fn check_replicated(replicated: Option<(usize, Duration)>) -> Result<
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_store_given_to_store_is_plugged_in_like_any_other() {
+        let chosen = MemoryStore::new().into_choice().0;
+        assert_eq!(chosen.name(), "store", "{}", chosen.shown());
+        assert!(matches!(chosen, StoreChoice::Custom(_)));
+    }
+}
