@@ -1,6 +1,7 @@
 //! The attribute's behaviour, run once per store (see `attribute_suite!`). Each case runs
 //! inside `LockRuntime::scope` of runtimes built on the store.
 
+use crate::short::{Free, two_runtimes};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,24 +27,9 @@ pub async fn attr_skip_returns_without_running<H: Harness>(store: &H) {
     assert!(free.is_some(), "a free lock runs the body");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    let _g1 = holder
-        .lock("skip:a")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let _g2 = holder
-        .lock("skip-unit:a")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let _g3 = holder
-        .lock("skip-result:a")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let _g1 = holder.lock("skip:a").try_acquire().await.free();
+    let _g2 = holder.lock("skip-unit:a").try_acquire().await.free();
+    let _g3 = holder.lock("skip-result:a").try_acquire().await.free();
     assert_eq!(caller.scope(skip_job("a", runs.clone())).await, None);
     caller.scope(skip_unit_job("a", runs.clone())).await;
     caller
@@ -58,12 +44,7 @@ pub async fn attr_error_returns_contended<H: Harness>(store: &H) {
     let holder = store.runtime().await;
     let caller = store.runtime().await;
     let runs = counter();
-    let guard = holder
-        .lock("error:b")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.lock("error:b").try_acquire().await.free();
     match caller.scope(error_job("b", runs.clone())).await {
         Err(LockError::Contended { key }) => assert_eq!(key, "error:b"),
         other => panic!("expected Contended, got {other:?}"),
@@ -85,12 +66,7 @@ pub async fn attr_wait_runs_after_release_and_times_out<H: Harness>(store: &H) {
     let holder = store.runtime().await;
     let caller = store.runtime().await;
     let runs = counter();
-    let guard = holder
-        .lock("wait:c")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.lock("wait:c").try_acquire().await.free();
     let waiting = tokio::spawn(caller.scope(wait_job("c", runs.clone())));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(runs.load(Ordering::SeqCst), 0, "waits while held");
@@ -102,12 +78,7 @@ pub async fn attr_wait_runs_after_release_and_times_out<H: Harness>(store: &H) {
         .expect("ran");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    let _held = holder
-        .lock("wait:c")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let _held = holder.lock("wait:c").try_acquire().await.free();
     let start = Instant::now();
     match caller.scope(wait_job("c", runs.clone())).await {
         Err(LockError::WaitTimeout { waited, .. }) => assert!(waited >= Duration::from_secs(3)),
@@ -159,8 +130,7 @@ pub async fn attr_continue_lets_the_body_finish<H: Harness>(store: &H) {
 /// min_hold: the lock stays held after the call returns, until min_hold has passed. Timing
 /// is read from the store's own clock (`inspect`), never from how fast this machine ran.
 pub async fn attr_min_hold_outlives_the_call<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let runs = counter();
     a.scope(min_hold_job("f", runs.clone())).await;
     b.scope(min_hold_job("f", runs.clone())).await;
@@ -222,8 +192,7 @@ pub async fn attr_is_reentrant<H: Harness>(store: &H) {
 
 /// `{param}` keys: post(1) and post(2) run concurrently; a second post(1) skips.
 pub async fn attr_param_keys_lock_per_argument<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let runs = counter();
     let inside = Arc::new(Barrier::new(3));
     let finish = Arc::new(Semaphore::new(0));
@@ -254,8 +223,7 @@ pub async fn attr_param_keys_lock_per_argument<H: Harness>(store: &H) {
 
 /// A body that panics, or a call that is cancelled, frees its lock at once, not after its ttl.
 pub async fn attr_panic_and_cancel_release_at_once<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let panicked = tokio::spawn(a.scope(panicking_job("i"))).await;
     assert!(panicked.expect_err("the body panicked").is_panic());
     b.lock("panic:i")
@@ -281,8 +249,7 @@ pub async fn attr_panic_and_cancel_release_at_once<H: Harness>(store: &H) {
 /// once: a successful run leaves a done marker that skips later calls, even after the lock
 /// is free; a failed run leaves none.
 pub async fn attr_once_skips_after_success_only<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let runs = counter();
     assert!(
         a.scope(once_job("j", true, runs.clone())).await.is_err(),
@@ -309,8 +276,7 @@ pub async fn attr_once_skips_after_success_only<H: Harness>(store: &H) {
 /// (finding 11 of the safety review: the marker was silently not written, and the job ran
 /// again at the next call).
 pub async fn attr_once_marker_survives_a_lost_lease<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let runs = counter();
     let running = tokio::spawn(a.scope(once_outliving_its_lease("k", runs.clone())));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -404,12 +370,7 @@ pub async fn attr_methods_and_generics<H: Harness>(store: &H) {
         assert_eq!(generic_job("x").await.expect("ran"), "ran x");
     })
     .await;
-    let held = rt
-        .lock("ledger:main")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let held = rt.lock("ledger:main").try_acquire().await.free();
     let mut ledger = Ledger {
         name: "main".into(),
         postings: 0,

@@ -56,6 +56,9 @@
 #[doc(hidden)]
 pub mod attr_suite;
 mod jobs;
+mod short;
+
+pub use short::Free;
 #[doc(hidden)]
 pub mod suite;
 

@@ -1,6 +1,7 @@
 //! The behaviour suite: every function here runs once per store (see `behaviour_suite!`).
 //! Timing margins are generous (seconds), because CI machines are noisy.
 
+use crate::short::{Free, two_runtimes};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -59,16 +60,14 @@ pub async fn mutual_exclusion<H: Harness>(store: &H) {
 
 /// A guard whose lease expired while another runtime took the lock releases nothing.
 pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let stale = a
         .lock("stale")
         .ttl(Duration::from_millis(300))
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     tokio::time::sleep(Duration::from_millis(600) + store.clock_granularity()).await;
     assert!(
         stale.lease().is_lost(),
@@ -98,15 +97,13 @@ pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
 
 /// The watchdog keeps a 1 s lease alive through a 4 s hold while another runtime keeps trying.
 pub async fn watchdog_keeps_short_lease_alive<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let guard = a
         .lock("watched")
         .ttl(Duration::from_secs(1))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let until = Instant::now() + Duration::from_secs(4);
     let mut attempts = 0;
     while Instant::now() < until {
@@ -135,13 +132,7 @@ pub async fn watchdog_keeps_short_lease_alive<H: Harness>(store: &H) {
 pub async fn deleted_record_is_reported_lost<H: Harness>(store: &H) {
     let a = store.runtime().await;
     let ttl = Duration::from_millis(900);
-    let guard = a
-        .lock("doomed")
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.lock("doomed").ttl(ttl).try_acquire().await.free();
     let lease = guard.lease().clone();
     assert!(!lease.is_lost());
     store.delete_record("doomed").await;
@@ -194,8 +185,7 @@ pub async fn fences_strictly_increase<H: Harness>(store: &H) {
 /// after it is freed at once. Timing is read from the store's own clock (`inspect`), never
 /// from how fast this machine ran.
 pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     // 30 s: far beyond any scheduling delay between the acquire and the checks below.
     let guard = a
         .lock("min-hold")
@@ -203,8 +193,7 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
         .min_hold(Duration::from_secs(30))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.release().await.expect("release"));
     assert!(
         b.lock("min-hold")
@@ -234,8 +223,7 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
         .min_hold(Duration::from_millis(200))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let info = a
@@ -266,16 +254,14 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
 /// after an early release's min_hold ends, not at the holder's ttl: the store wakes waiters
 /// when it keeps a released lock for min_hold, and they learn the shorter wait.
 pub async fn min_hold_end_lets_waiter_in<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let guard = a
         .lock("min-hold-wait")
         .ttl(Duration::from_secs(60))
         .min_hold(Duration::from_secs(1))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let waiter = tokio::spawn(async move {
         let got = b
             .lock("min-hold-wait")
@@ -302,8 +288,7 @@ pub async fn min_hold_end_lets_waiter_in<H: Harness>(store: &H) {
 
 /// A future holding a guard that is dropped (aborted task, timeout) frees the lock at once.
 pub async fn dropped_future_releases_promptly<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let holder = {
         let a = a.clone();
@@ -358,8 +343,7 @@ pub async fn dropped_future_releases_promptly<H: Harness>(store: &H) {
 
 /// A panic in the code holding the guard frees the lock at once.
 pub async fn panic_releases_promptly<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let holder = {
         let a = a.clone();
         tokio::spawn(async move {
@@ -385,8 +369,7 @@ pub async fn panic_releases_promptly<H: Harness>(store: &H) {
 
 /// A waiter wakes when the holder releases, long before the holder's ttl.
 pub async fn waiter_wakes_on_release<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     release_wakes_waiter(&a, &b, "handoff").await;
 }
 
@@ -399,8 +382,7 @@ pub async fn release_wakes_waiter(holder: &LockRuntime, waiter: &LockRuntime, ke
         .ttl(Duration::from_secs(30))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let b = waiter.clone();
     let key_owned = key.to_owned();
     let waiter = tokio::spawn(async move {
@@ -424,14 +406,8 @@ pub async fn release_wakes_waiter(holder: &LockRuntime, waiter: &LockRuntime, ke
 
 /// acquire_timeout gives up with WaitTimeout.
 pub async fn wait_timeout_gives_up<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
-    let guard = a
-        .lock("busy")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let (a, b) = two_runtimes(store).await;
+    let guard = a.lock("busy").try_acquire().await.free();
     let start = Instant::now();
     let err = b
         .lock("busy")
@@ -451,16 +427,14 @@ pub async fn wait_timeout_gives_up<H: Harness>(store: &H) {
 
 /// A holder that stops renewing (watchdog off) lets a waiter in once its ttl runs out.
 pub async fn expired_holder_lets_waiter_in<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let guard = a
         .lock("expiring")
         .ttl(Duration::from_millis(500))
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let got = b
         .lock("expiring")
         .acquire_timeout(Duration::from_secs(5))
@@ -481,8 +455,7 @@ pub async fn inspect_shows_holder<H: Harness>(store: &H) {
         .ttl(Duration::from_secs(20))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let info = a.inspect("shown").await.expect("inspect").expect("held");
     assert_eq!(info.key, "shown");
     assert_eq!(info.owner, a.owner());
@@ -502,8 +475,7 @@ pub async fn extend_and_max_hold<H: Harness>(store: &H) {
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.extend(Duration::from_secs(5)).await.expect("extend"));
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(!guard.lease().is_lost(), "extended past the original ttl");
@@ -515,8 +487,7 @@ pub async fn extend_and_max_hold<H: Harness>(store: &H) {
         .max_hold(Duration::from_millis(800))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     tokio::time::timeout(Duration::from_secs(5), capped.lease().lost())
         .await
         .expect("renewals stop after max_hold and the lease is lost");

@@ -172,12 +172,7 @@ impl Fleet {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let mut conn = self
-                .resource
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to the resource");
+            let mut conn = self.resource.conn().await;
             // `k<n>` keys, and `o<n>` keys taken with `once`.
             let keys = (0..KEYS).flat_map(|k| [format!("k{k}"), format!("o{k}")]);
             for key in keys {

@@ -16,11 +16,13 @@ pub mod server;
 pub mod sim;
 pub mod store;
 pub mod wake;
+pub mod with_server;
 
 pub use etcd::EtcdCluster;
+pub use lock_testkit::Free;
 pub use logs::LogCapture;
 pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
-pub use runtimes::redis_runtime;
-pub use server::{RedisCluster, RedisServer, SentinelSet};
+pub use runtimes::{Built, TakeFree, acquire_in_task, proxied_redis, redis_runtime};
+pub use server::{RedisCluster, RedisServer, SentinelSet, query};
 pub use store::TestStore;

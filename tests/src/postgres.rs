@@ -6,6 +6,7 @@
 //! `PG_BIN_DIR`. PostgreSQL refuses to run as root: run as root, the tests start it as the
 //! `postgres` user the package creates.
 
+use crate::Built;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -321,9 +322,8 @@ impl PostgresServer {
             .postgres(self.url())
             .owner(owner)
             .command_timeout(Duration::from_secs(2))
-            .build()
+            .built()
             .await
-            .expect("building a runtime on the test PostgreSQL")
     }
 
     fn signal(&self, signal: &str) {

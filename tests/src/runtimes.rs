@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
+use lock_runtime::{LockError, LockGuard, LockRuntime, LockRuntimeBuilder};
+use tokio::task::JoinHandle;
 
 /// A runtime on the Redis server at `url` (often a fault proxy in front of one), with
 /// `command_timeout` and a 2 s connect timeout.
@@ -11,7 +12,99 @@ pub async fn redis_runtime(url: String, command_timeout: Duration) -> LockRuntim
         .redis(url)
         .command_timeout(command_timeout)
         .connect_timeout(Duration::from_secs(2))
-        .build()
+        .built()
         .await
-        .expect("build")
+}
+
+/// Taking a lock the test knows to be free, in one line.
+pub trait TakeFree {
+    /// `lock(key).ttl(ttl).try_acquire()`, panicking (with the key) on an error or when the
+    /// lock is held.
+    fn take(
+        &self,
+        key: impl Into<String> + Send,
+        ttl: Duration,
+    ) -> impl Future<Output = LockGuard> + Send;
+    /// `lock(key).try_acquire()` with the default ttl, panicking on an error: `None` when the
+    /// lock is held.
+    fn try_take(
+        &self,
+        key: impl Into<String> + Send,
+    ) -> impl Future<Output = Option<LockGuard>> + Send;
+    /// The same with the runtime's default ttl.
+    fn take_default_ttl(
+        &self,
+        key: impl Into<String> + Send,
+    ) -> impl Future<Output = LockGuard> + Send;
+}
+
+impl TakeFree for LockRuntime {
+    async fn take(&self, key: impl Into<String> + Send, ttl: Duration) -> LockGuard {
+        let key = key.into();
+        free(&key, self.lock(key.as_str()).ttl(ttl).try_acquire().await)
+    }
+
+    async fn try_take(&self, key: impl Into<String> + Send) -> Option<LockGuard> {
+        let key = key.into();
+        match self.lock(key.as_str()).try_acquire().await {
+            Ok(got) => got,
+            Err(e) => panic!("trying {key:?}: {e}"),
+        }
+    }
+
+    async fn take_default_ttl(&self, key: impl Into<String> + Send) -> LockGuard {
+        let key = key.into();
+        free(&key, self.lock(key.as_str()).try_acquire().await)
+    }
+}
+
+fn free(key: &str, got: Result<Option<LockGuard>, LockError>) -> LockGuard {
+    match got {
+        Ok(Some(guard)) => guard,
+        Ok(None) => panic!("{key:?} was expected free and is held"),
+        Err(e) => panic!("acquiring {key:?}: {e}"),
+    }
+}
+
+/// `build().await`, panicking with the builder's error.
+pub trait Built {
+    /// Builds the runtime or panics with the error.
+    fn built(self) -> impl Future<Output = LockRuntime> + Send;
+}
+
+impl Built for LockRuntimeBuilder {
+    async fn built(self) -> LockRuntime {
+        match self.build().await {
+            Ok(runtime) => runtime,
+            Err(e) => panic!("building the runtime: {e}"),
+        }
+    }
+}
+
+/// A waiter in a task of its own: `lock(key).acquire_timeout(limit)` on `runtime`.
+pub fn acquire_in_task(
+    runtime: LockRuntime,
+    key: impl Into<String>,
+    limit: Duration,
+) -> JoinHandle<Result<LockGuard, LockError>> {
+    let key = key.into();
+    tokio::spawn(async move { runtime.lock(key).acquire_timeout(limit).await })
+}
+
+/// A Redis server with a fault proxy in front of it, a runtime through the proxy (with
+/// `command_timeout`) and one straight to the server (2 s): the set-up of the tests of faults
+/// between a runtime and Redis. Keep the server bound for the test's length.
+pub async fn proxied_redis(
+    command_timeout: Duration,
+) -> (
+    crate::RedisServer,
+    crate::FaultProxy,
+    LockRuntime,
+    LockRuntime,
+) {
+    let server = crate::RedisServer::start();
+    let proxy = crate::FaultProxy::start(server.port());
+    let through = redis_runtime(proxy.url(), command_timeout).await;
+    let direct = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    (server, proxy, through, direct)
 }

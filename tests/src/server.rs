@@ -320,6 +320,14 @@ impl RedisServer {
         }
     }
 
+    /// A connection of [`RedisServer::client`]'s, for the tests' own commands.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connecting to the test server {}: {e}", self.url()))
+    }
+
     /// Sums one field (`calls` or `usec`) of `INFO commandstats` over the commands `pick`
     /// accepts (by name, e.g. `evalsha`), so tests and the benchmark count what the server
     /// itself did.
@@ -723,15 +731,32 @@ impl SentinelSet {
         self.sentinels.iter().map(RedisServer::url).collect()
     }
 
-    /// The port the sentinels currently name as master.
+    /// The port the sentinels currently name as master (the first sentinel asked).
     pub fn master_port(&self) -> Option<u16> {
-        let mut conn = self.sentinels[0].client().get_connection().ok()?;
+        self.master_port_named_by(&self.sentinels[0])
+    }
+
+    /// The port `sentinel` names as master; `None` if it does not answer within a second (a
+    /// stopped sentinel, in the crash trials).
+    pub fn master_port_named_by(&self, sentinel: &RedisServer) -> Option<u16> {
+        let limit = Duration::from_secs(1);
+        let mut conn = sentinel.client().get_connection_with_timeout(limit).ok()?;
+        conn.set_read_timeout(Some(limit)).ok()?;
+        conn.set_write_timeout(Some(limit)).ok()?;
         let (_, port): (String, u16) = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.master_name)
             .query(&mut conn)
             .ok()?;
         Some(port)
+    }
+
+    /// The index in `servers` of the server on `port`.
+    pub fn index_of(&self, port: u16) -> usize {
+        self.servers
+            .iter()
+            .position(|s| s.port() == port)
+            .unwrap_or_else(|| panic!("no server of the set is on port {port}"))
     }
 
     fn replica_count_seen(&self) -> usize {
@@ -806,6 +831,28 @@ pub fn send_signal(server: &RedisServer, signal: &str) {
         .status()
         .expect("kill");
     assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Runs one of the tests' own commands, given with its arguments as a tuple
+/// (`("CONFIG", "SET", "maxmemory", "1")`, `("TIME",)`), and panics with the command's words
+/// if it fails.
+pub async fn query<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    words: impl redis::ToRedisArgs,
+) -> T {
+    let mut cmd = redis::Cmd::new();
+    cmd.arg(&words);
+    match cmd.query_async(conn).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            let words: Vec<String> = words
+                .to_redis_args()
+                .iter()
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            panic!("`{}` failed: {e}", words.join(" "))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! A store under test: the memory store, or real Redis or PostgreSQL servers.
 
+use crate::Built;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore, RedisStore, RedlockStore};
@@ -103,10 +104,7 @@ impl TestStore {
             TestStore::Postgres(server) => builder.postgres(server.url()),
             TestStore::Etcd(cluster) => builder.etcd(cluster.endpoints()),
         };
-        builder
-            .build()
-            .await
-            .expect("building a runtime on the test store")
+        builder.built().await
     }
 
     /// Removes the record of `key` behind the holder's back (namespace `lock`).
@@ -153,11 +151,7 @@ impl TestStore {
             }
             TestStore::Sentinel(set) => {
                 let port = set.master_port().expect("the sentinels name a master");
-                let master = set
-                    .servers
-                    .iter()
-                    .find(|s| s.port() == port)
-                    .expect("a server of the set");
+                let master = &set.servers[set.index_of(port)];
                 delete_on(master, redis_key).await;
             }
             TestStore::Cluster(cluster) => {
@@ -166,11 +160,7 @@ impl TestStore {
                     .get_async_connection()
                     .await
                     .expect("connecting to the test cluster");
-                let _: () = redis::cmd("DEL")
-                    .arg(redis_key)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("DEL of a key");
+                let _: () = crate::query(&mut conn, ("DEL", redis_key)).await;
             }
             other => panic!("not a Redis store: {other:?}"),
         }
@@ -198,14 +188,6 @@ impl lock_testkit::Harness for TestStore {
 
 /// Deletes the key `redis_key` on `server`.
 pub async fn delete_on(server: &RedisServer, redis_key: &str) {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connecting to the test server");
-    let _: () = redis::cmd("DEL")
-        .arg(redis_key)
-        .query_async(&mut conn)
-        .await
-        .expect("DEL of a key");
+    let mut conn = server.conn().await;
+    let _: () = crate::query(&mut conn, ("DEL", redis_key)).await;
 }

@@ -3,6 +3,7 @@
 //! topology; releases into a cut link). Each allows 5 s against a holder's ttl of 30 s, so
 //! only a heard release, or a lock really given back, can pass.
 
+use crate::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
@@ -18,21 +19,10 @@ pub async fn waiter_wakes_after_an_outage(
     key: &str,
     cut: impl Fn(bool),
 ) {
-    let guard = holder
-        .lock(key)
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take(key, Duration::from_secs(30)).await;
     let waiter = {
         let (waiting, key) = (waiting.clone(), key.to_owned());
-        tokio::spawn(async move {
-            waiting
-                .lock(key)
-                .acquire_timeout(Duration::from_secs(28))
-                .await
-        })
+        crate::acquire_in_task(waiting, key, Duration::from_secs(28))
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     cut(true);
@@ -84,12 +74,7 @@ pub async fn waiter_wakes_after_a_failover(
     };
     let waiting = {
         let (waiter, key) = (waiter.clone(), key.to_owned());
-        tokio::spawn(async move {
-            waiter
-                .lock(key)
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-        })
+        crate::acquire_in_task(waiter, key, Duration::from_secs(20))
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let released = Instant::now();
@@ -106,20 +91,10 @@ pub async fn waiter_wakes_after_a_failover(
 /// Opens `waiter`'s subscriber connection where the store is now: `holder` takes `key`,
 /// `waiter` waits for it, and gets it (within 5 s) when `holder` releases it.
 pub async fn warm_subscriber(holder: &LockRuntime, waiter: &LockRuntime, key: &str) {
-    let warm = holder
-        .lock(key)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let warm = holder.take_default_ttl(key).await;
     let warm_wait = {
         let (waiter, key) = (waiter.clone(), key.to_owned());
-        tokio::spawn(async move {
-            waiter
-                .lock(key)
-                .acquire_timeout(Duration::from_secs(5))
-                .await
-        })
+        crate::acquire_in_task(waiter, key, Duration::from_secs(5))
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     warm.release().await.expect("release");

@@ -1,5 +1,7 @@
 //! Bad input gets a clear `LockError`, never a panic; no password ever shows.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -9,9 +11,8 @@ use lock_tests::RedisServer;
 async fn memory_runtime() -> LockRuntime {
     LockRuntime::builder()
         .memory(MemoryStore::new())
-        .build()
+        .built()
         .await
-        .expect("build")
 }
 
 fn assert_config(result: Result<impl std::fmt::Debug, LockError>, needle: &str) {
@@ -31,13 +32,7 @@ async fn bad_requests_are_config_errors() {
     let rt = memory_runtime().await;
     assert_config(rt.lock("").try_acquire().await, "must not be empty");
     assert_config(rt.lock("k".repeat(1025)).try_acquire().await, "1024 bytes");
-    assert!(
-        rt.lock("k".repeat(1024))
-            .try_acquire()
-            .await
-            .expect("1 KiB is fine")
-            .is_some()
-    );
+    assert!(rt.try_take("k".repeat(1024)).await.is_some());
     assert_config(rt.lock("a{b}").try_acquire().await, "brace");
     // The operators' calls check their key or pattern the same way.
     assert_config(rt.list("").await, "must not be empty");
@@ -77,69 +72,32 @@ async fn bad_requests_are_config_errors() {
         "max_hold",
     );
     assert_config(rt.inspect("").await, "must not be empty");
-    let held = rt
-        .lock("ext")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let held = rt.take_default_ttl("ext").await;
     assert_config(held.extend(Duration::ZERO).await, "longer than zero");
 }
 
 #[tokio::test]
 async fn bad_builders_are_config_errors() {
     assert_config(LockRuntime::builder().build().await, "no store configured");
-    assert_config(
-        LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .redis("redis://127.0.0.1:1")
-            .build()
-            .await,
-        "two stores",
-    );
-    assert_config(
-        LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .namespace("")
-            .build()
-            .await,
-        "namespace must not be empty",
-    );
-    assert_config(
-        LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .namespace("a{b")
-            .build()
-            .await,
-        "brace",
-    );
-    assert_config(
-        LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .default_ttl(Duration::ZERO)
-            .build()
-            .await,
-        "default_ttl",
-    );
-    assert_config(
-        LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .owner("")
-            .build()
-            .await,
-        "owner must not be empty",
-    );
-    assert_config(
-        LockRuntime::builder().redis("not a url").build().await,
-        "cannot use Redis URL",
-    );
-    assert_config(
-        LockRuntime::builder()
-            .redis("http://127.0.0.1:6379")
-            .build()
-            .await,
-        "cannot use Redis URL",
-    );
+    let memory = || LockRuntime::builder().memory(MemoryStore::new());
+    let cases = [
+        (memory().redis("redis://127.0.0.1:1"), "two stores"),
+        (memory().namespace(""), "namespace must not be empty"),
+        (memory().namespace("a{b"), "brace"),
+        (memory().default_ttl(Duration::ZERO), "default_ttl"),
+        (memory().owner(""), "owner must not be empty"),
+        (
+            LockRuntime::builder().redis("not a url"),
+            "cannot use Redis URL",
+        ),
+        (
+            LockRuntime::builder().redis("http://127.0.0.1:6379"),
+            "cannot use Redis URL",
+        ),
+    ];
+    for (builder, needle) in cases {
+        assert_config(builder.build().await, needle);
+    }
 }
 
 #[tokio::test]
@@ -258,9 +216,8 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
             "redis://default:{SECRET}@127.0.0.1:{}",
             server.port()
         ))
-        .build()
-        .await
-        .expect("the right password connects");
+        .built()
+        .await;
     // Its Debug names the store it locks in, the password masked: the check below has
     // something to look at.
     let shown = format!("{good:?}");
@@ -269,12 +226,7 @@ async fn passwords_never_appear_in_errors_debug_or_logs() {
         "the runtime's Debug should show its server, masked: {shown}"
     );
     texts.push(shown);
-    let guard = good
-        .lock("secretive")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = good.take_default_ttl("secretive").await;
     drop(guard);
     good.shutdown().await;
 

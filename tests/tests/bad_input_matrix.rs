@@ -2,6 +2,7 @@
 //! attribute's runtime path gets a clear `LockError` (or a clear `false`), never a panic. Run
 //! with `--nocapture` to print the table that docs/guarantees.md shows.
 
+use lock_tests::Built;
 use std::future::Future;
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -23,9 +24,8 @@ fn closed_port() -> u16 {
 async fn memory() -> LockRuntime {
     LockRuntime::builder()
         .memory(MemoryStore::new())
-        .build()
+        .built()
         .await
-        .expect("build")
 }
 
 fn build(builder: lock_runtime::LockRuntimeBuilder) -> Case {

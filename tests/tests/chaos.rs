@@ -2,6 +2,8 @@
 //! through a TCP fault proxy, a server killed and restarted empty, foreign values at lock
 //! keys, a server out of memory.
 
+use lock_tests::TakeFree;
+use lock_tests::proxied_redis;
 use std::time::Duration;
 
 use lock_runtime::LockError;
@@ -12,18 +14,9 @@ use tokio::time::Instant;
 /// before anyone else can get the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let holder = redis_runtime(proxy.url(), Duration::from_millis(500)).await;
-    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let (_server, proxy, holder, other) = proxied_redis(Duration::from_millis(500)).await;
     let ttl = Duration::from_millis(1200);
-    let guard = holder
-        .lock("stalled")
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("stalled", ttl).await;
     // Let one renewal through, then stall.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stalled_at = Instant::now();
@@ -68,13 +61,7 @@ async fn short_stall_loses_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let holder = redis_runtime(proxy.url(), Duration::from_secs(2)).await;
-    let guard = holder
-        .lock("brief")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("brief", Duration::from_secs(3)).await;
     for _ in 0..3 {
         proxy.stall();
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -92,13 +79,7 @@ async fn dropped_connections_reconnect_and_nothing_hangs() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let runtime = redis_runtime(proxy.url(), Duration::from_millis(800)).await;
-    let guard = runtime
-        .lock("dropped")
-        .ttl(Duration::from_secs(5))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = runtime.take("dropped", Duration::from_secs(5)).await;
 
     // An operation in flight during a stall fails within the command timeout.
     proxy.stall();
@@ -146,13 +127,7 @@ async fn redis_restart_mid_lease_and_wait() {
     let mut server = RedisServer::start();
     let a = redis_runtime(server.url(), Duration::from_secs(1)).await;
     let b = redis_runtime(server.url(), Duration::from_secs(1)).await;
-    let held = a
-        .lock("restarted")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let held = a.take("restarted", Duration::from_secs(3)).await;
     let waiter = tokio::spawn(async move {
         b.lock("restarted")
             .acquire_timeout(Duration::from_secs(20))
@@ -171,12 +146,7 @@ async fn redis_restart_mid_lease_and_wait() {
         .expect("acquired after the restart");
     assert!(restarted.elapsed() < Duration::from_secs(10));
     assert!(got.release().await.expect("release"));
-    let fresh = a
-        .lock("after-restart")
-        .try_acquire()
-        .await
-        .expect("new acquisitions work")
-        .expect("free");
+    let fresh = a.take_default_ttl("after-restart").await;
     fresh.release().await.expect("release");
 }
 
@@ -186,23 +156,9 @@ async fn redis_restart_mid_lease_and_wait() {
 async fn foreign_values_at_lock_keys_are_left_alone() {
     let server = RedisServer::start();
     let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("SET")
-        .arg("lock:{plain}")
-        .arg("someone else's")
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
-    let _: () = redis::cmd("RPUSH")
-        .arg("lock:{listy}")
-        .arg("x")
-        .query_async(&mut conn)
-        .await
-        .expect("RPUSH");
+    let mut conn = server.conn().await;
+    let _: () = lock_tests::query(&mut conn, ("SET", "lock:{plain}", "someone else's")).await;
+    let _: () = lock_tests::query(&mut conn, ("RPUSH", "lock:{listy}", "x")).await;
     for (key, kind) in [("plain", "string"), ("listy", "list")] {
         let err = runtime
             .lock(key)
@@ -218,17 +174,9 @@ async fn foreign_values_at_lock_keys_are_left_alone() {
         let err = runtime.inspect(key).await.expect_err("a foreign value");
         assert!(err.to_string().contains(kind), "{err}");
     }
-    let value: String = redis::cmd("GET")
-        .arg("lock:{plain}")
-        .query_async(&mut conn)
-        .await
-        .expect("GET");
+    let value: String = lock_tests::query(&mut conn, ("GET", "lock:{plain}")).await;
     assert_eq!(value, "someone else's", "nothing overwritten");
-    let len: i64 = redis::cmd("LLEN")
-        .arg("lock:{listy}")
-        .query_async(&mut conn)
-        .await
-        .expect("LLEN");
+    let len: i64 = lock_tests::query(&mut conn, ("LLEN", "lock:{listy}")).await;
     assert_eq!(len, 1);
 }
 
@@ -237,25 +185,13 @@ async fn foreign_values_at_lock_keys_are_left_alone() {
 async fn out_of_memory_fails_cleanly() {
     let server = RedisServer::start();
     let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG");
+    let mut conn = server.conn().await;
+    let _: () = lock_tests::query(
+        &mut conn,
+        ("CONFIG", "SET", "maxmemory-policy", "noeviction"),
+    )
+    .await;
+    let _: () = lock_tests::query(&mut conn, ("CONFIG", "SET", "maxmemory", "1")).await;
     let err = runtime
         .lock("oom")
         .try_acquire()
@@ -263,30 +199,12 @@ async fn out_of_memory_fails_cleanly() {
         .expect_err("no memory");
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
     assert!(err.to_string().to_lowercase().contains("oom"), "{err}");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("lock:*")
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
+    let _: () = lock_tests::query(&mut conn, ("CONFIG", "SET", "maxmemory", "0")).await;
+    let keys: Vec<String> = lock_tests::query(&mut conn, ("KEYS", "lock:*")).await;
     // No record and no fence counter: the failed attempt did not advance the fence.
     assert!(keys.is_empty(), "nothing half-written: {keys:?}");
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut conn)
-        .await
-        .expect("TIME");
-    let guard = runtime
-        .lock("oom")
-        .try_acquire()
-        .await
-        .expect("memory again")
-        .expect("free");
+    let (secs, micros): (u64, u64) = lock_tests::query(&mut conn, ("TIME",)).await;
+    let guard = runtime.take_default_ttl("oom").await;
     // A key without a counter starts its fences at the server clock (hybrid fence).
     assert!(
         guard.lease().fence() >= secs * 1_000_000 + micros,

@@ -1,6 +1,8 @@
 //! The behaviour and attribute suites on a real 3-master, 3-replica Redis Cluster, and a
 //! failover of the master that owns a held lock's slot.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
@@ -21,24 +23,10 @@ async fn failover_of_the_slot_owner_keeps_or_reports_the_lease() {
     };
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a
-        .lock("failover")
-        .ttl(Duration::from_millis(1500))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("failover", Duration::from_millis(1500)).await;
     let (_, replica) = cluster.master_and_replica_of("lock:{failover}");
-    let mut conn = cluster.nodes[replica]
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to the replica");
-    let _: () = redis::cmd("CLUSTER")
-        .arg("FAILOVER")
-        .query_async(&mut conn)
-        .await
-        .expect("CLUSTER FAILOVER");
+    let mut conn = cluster.nodes[replica].conn().await;
+    let _: () = lock_tests::query(&mut conn, ("CLUSTER", "FAILOVER")).await;
     // Watch for 4 s, past two ttls, while the slot moves.
     let until = tokio::time::Instant::now() + Duration::from_secs(4);
     let mut b_held = 0;
@@ -95,12 +83,7 @@ async fn releases_are_published_sharded_where_the_servers_have_it() {
     };
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a
-        .lock("announced")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take_default_ttl("announced").await;
     let waiter = tokio::spawn(async move {
         b.lock("announced")
             .acquire_timeout(Duration::from_secs(10))
@@ -153,11 +136,7 @@ async fn runtimes_with_and_without_info_hear_each_other() {
         .iter()
         .map(|n| format!("redis://app:app-secret@127.0.0.1:{}", n.port()))
         .collect();
-    let without_info = LockRuntime::builder()
-        .redis_cluster(urls)
-        .build()
-        .await
-        .expect("build without INFO");
+    let without_info = LockRuntime::builder().redis_cluster(urls).built().await;
     let with_info = store.runtime().await;
     lock_testkit::suite::release_wakes_waiter(&with_info, &without_info, "acl-wait-1").await;
     lock_testkit::suite::release_wakes_waiter(&without_info, &with_info, "acl-wait-2").await;
@@ -233,13 +212,7 @@ async fn waiter_hears_a_release_after_the_slot_moves(
 ) {
     let holder = store.runtime().await;
     let waiter = store.runtime().await;
-    let guard = holder
-        .lock(key)
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take(key, Duration::from_secs(30)).await;
     let waiting = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.to_owned());
         async move {
@@ -385,19 +358,12 @@ async fn a_restricted_waiter_hears_releases_of_unrestricted_runtimes() {
                 .iter()
                 .map(|n| format!("redis://locker:s3cret-lock-pw@127.0.0.1:{}", n.port())),
         )
-        .build()
-        .await
-        .expect("build as the restricted user");
+        .built()
+        .await;
     let holder = store.runtime().await;
     for (i, forced) in [false, true].into_iter().enumerate() {
         let key = format!("restricted-{i}");
-        let guard = holder
-            .lock(&key)
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = holder.take(&key, Duration::from_secs(30)).await;
         let waiting = tokio::spawn({
             let (restricted, key) = (restricted.clone(), key.clone());
             async move {

@@ -22,6 +22,7 @@
 //! double grants are expected (no `replicated_acquire`, a Redlock majority losing the record)
 //! are counted, not asserted: they are what docs/reliability.md warns about.
 
+use lock_tests::Built;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockGuard, LockRuntime, RedisStore};
@@ -133,11 +134,7 @@ async fn acquire_racing_the_kill(
             attempt.await.ok()
         }
         Race::LinkCut => {
-            let mut conn = master
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to the master");
+            let mut conn = master.conn().await;
             let cut: redis::RedisResult<i64> = redis::cmd("CLIENT")
                 .arg("KILL")
                 .arg("TYPE")
@@ -275,15 +272,7 @@ fn replication_info(server: &RedisServer) -> std::collections::HashMap<String, S
 
 /// The master every sentinel names, as an index into `set.servers`.
 fn agreed_master(set: &SentinelSet) -> Option<usize> {
-    let mut named = set.sentinels.iter().map(|s| {
-        let mut conn = connect(s)?;
-        let (_, port): (String, u16) = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(&set.master_name)
-            .query(&mut conn)
-            .ok()?;
-        Some(port)
-    });
+    let mut named = set.sentinels.iter().map(|s| set.master_port_named_by(s));
     let first = named.next()??;
     if !named.all(|p| p == Some(first)) {
         return None;
@@ -404,9 +393,8 @@ async fn cluster_runtime(cluster: &RedisCluster, dead: Option<usize>) -> LockRun
     LockRuntime::builder()
         .redis_cluster(urls)
         .command_timeout(Duration::from_millis(500))
-        .build()
+        .built()
         .await
-        .expect("a cluster runtime")
 }
 
 async fn cluster_trial(
@@ -482,9 +470,8 @@ async fn redlock_runtime(masters: &[RedisServer]) -> LockRuntime {
     LockRuntime::builder()
         .redlock(masters.iter().map(RedisServer::url))
         .command_timeout(Duration::from_millis(500))
-        .build()
+        .built()
         .await
-        .expect("a redlock runtime")
 }
 
 /// One Redlock trial: A holds a fresh key (ttl 30 s) on 5 masters, the fault hits some of
@@ -514,17 +501,8 @@ async fn redlock_trial(masters: &mut [RedisServer], i: usize, fault: RedlockFaul
             // is not covered by these trials.
             let record = lock_runtime::store::KeyNames::new("lock", &key);
             for master in &masters[..n] {
-                let mut conn = master
-                    .client()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect");
-                let _: () = redis::cmd("PEXPIRE")
-                    .arg(record.record())
-                    .arg(1)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("PEXPIRE");
+                let mut conn = master.conn().await;
+                let _: () = lock_tests::query(&mut conn, ("PEXPIRE", record.record(), 1)).await;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -4,6 +4,8 @@
 //! bad_input_matrix, postgres_store and etcd_store.)
 #![allow(deprecated)]
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockRuntime, MemoryStore};
@@ -15,22 +17,12 @@ async fn redlock_stores_and_node_timeout_still_build_a_quorum() {
     let runtime = LockRuntime::builder()
         .redlock_stores(members.iter().cloned())
         .node_timeout(Duration::from_millis(100))
-        .build()
-        .await
-        .expect("a quorum of memory stores");
-    let guard = runtime
-        .lock("forwarded")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+        .built()
+        .await;
+    let guard = runtime.take_default_ttl("forwarded").await;
     // The lock is on every member: each of them, alone, finds it held.
     for member in &members {
-        let alone = LockRuntime::builder()
-            .memory(member.clone())
-            .build()
-            .await
-            .expect("build");
+        let alone = LockRuntime::builder().memory(member.clone()).built().await;
         let held = alone.lock("forwarded").try_acquire().await.expect("try");
         assert!(held.is_none(), "a member does not hold the quorum's lock");
     }
@@ -43,15 +35,9 @@ async fn postgres_table_still_names_the_table() {
     let runtime = LockRuntime::builder()
         .postgres(server.url())
         .postgres_table("forwarded_locks")
-        .build()
-        .await
-        .expect("build");
-    let guard = runtime
-        .lock("in-its-table")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+        .built()
+        .await;
+    let guard = runtime.take_default_ttl("in-its-table").await;
     let rows: i64 = server
         .client()
         .await

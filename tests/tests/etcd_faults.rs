@@ -3,6 +3,9 @@
 //! lease (and its fence) or is told it lost it before anyone else gets the lock; never two
 //! holders.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
@@ -14,9 +17,8 @@ async fn runtime(cluster: &EtcdCluster, owner: &str) -> LockRuntime {
         .etcd(cluster.endpoints())
         .owner(owner)
         .command_timeout(Duration::from_secs(2))
-        .build()
+        .built()
         .await
-        .expect("build")
 }
 
 /// Tries `key` through `contender` for `span`; every time it gets it, `holder_lost` must
@@ -51,13 +53,7 @@ async fn the_leader_killed_mid_lease_never_makes_two_holders() {
     let mut cluster = EtcdCluster::start(3);
     let a = runtime(&cluster, "holder").await;
     let b = runtime(&cluster, "contender").await;
-    let guard = a
-        .lock("leader-kill")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("leader-kill", Duration::from_secs(3)).await;
     let lease = guard.lease().clone();
     let fence = lease.fence();
     let leader = cluster.leader().await;
@@ -92,13 +88,7 @@ async fn every_member_restarted_keeps_fences_increasing_and_one_holder() {
     let mut cluster = EtcdCluster::start(3);
     let a = runtime(&cluster, "holder").await;
     let b = runtime(&cluster, "contender").await;
-    let guard = a
-        .lock("restart-all")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("restart-all", Duration::from_secs(3)).await;
     let lease = guard.lease().clone();
     let fence = lease.fence();
     cluster.restart_all();
@@ -141,9 +131,8 @@ async fn an_acquire_answered_too_late_leaves_no_orphan() {
     let slow = LockRuntime::builder()
         .etcd(endpoints)
         .command_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let direct = runtime(&cluster, "checker").await;
     proxy.set_latency(Duration::from_millis(400));
     let mut cut_off = 0;
@@ -190,13 +179,7 @@ async fn a_waiter_hears_a_release_after_etcd_was_down_a_while() {
     let mut cluster = EtcdCluster::start(1);
     let holder = runtime(&cluster, "holder").await;
     let waiting = runtime(&cluster, "waiter").await;
-    let guard = holder
-        .lock("outage")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("outage", Duration::from_secs(30)).await;
     let waiter = tokio::spawn(async move {
         let got = waiting
             .lock("outage")
@@ -243,12 +226,7 @@ async fn a_runtime_builds_with_one_member_down() {
             .build()
             .await
             .unwrap_or_else(|e| panic!("build {i} with one member down: {e}"));
-        let guard = runtime
-            .lock("one-down")
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = runtime.take_default_ttl("one-down").await;
         assert!(guard.release().await.expect("release"));
         runtime.shutdown().await;
     }
@@ -276,8 +254,7 @@ async fn an_extend_to_a_shorter_ttl_never_ends_the_key_before_its_holders_validi
                 .watchdog(false)
                 .try_acquire()
                 .await
-                .expect("acquire")
-                .expect("free");
+                .free();
             tokio::time::sleep(Duration::from_millis(3100)).await;
             assert!(
                 guard.extend(Duration::from_secs(6)).await.expect("extend"),
@@ -308,9 +285,8 @@ async fn a_thousand_leases_stay_held_through_a_slow_link() {
     let slow = LockRuntime::builder()
         .etcd([format!("http://127.0.0.1:{}", proxy.port())])
         .command_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let mut guards = Vec::with_capacity(1000);
     let mut acquires = tokio::task::JoinSet::new();
     for i in 0..1000 {

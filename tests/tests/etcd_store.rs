@@ -1,6 +1,8 @@
 //! The etcd store's own tests on real etcd: bad endpoints and credentials give clear errors
 //! (a password never printed), and a cluster with authentication on works with `etcd_user`.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{EtcdStore, LockError, LockRuntime};
@@ -101,12 +103,7 @@ async fn authentication_works_and_a_wrong_password_is_never_printed() {
     ] {
         assert!(!shown.contains(PASSWORD), "the password leaked: {shown}");
     }
-    let guard = a
-        .lock("authed")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take_default_ttl("authed").await;
     let waiter = tokio::spawn(async move {
         let got = b
             .lock("authed")
@@ -167,9 +164,8 @@ async fn a_password_over_plain_http_is_warned_about() {
     with_auth(&cluster).await;
     let runtime = LockRuntime::builder()
         .store(EtcdStore::new(cluster.endpoints()).user("root", PASSWORD))
-        .build()
-        .await
-        .expect("build with the password");
+        .built()
+        .await;
     runtime.shutdown().await;
     let logs = captured.text();
     assert!(logs.contains("in clear"), "no warning: {logs}");

@@ -11,15 +11,10 @@ use lock_tests::{EtcdCluster, certs};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verified_tls_works_and_everything_else_is_refused() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    certs::ca(dir.path(), "ca");
-    certs::ca(dir.path(), "other-ca");
-    certs::server_cert(dir.path(), "ca");
+    let (dir, ca, other_ca) = certs::two_cas();
     let cluster = EtcdCluster::start_tls(1, dir.path());
     let endpoints = cluster.endpoints();
     assert!(endpoints.iter().all(|e| e.starts_with("https://")));
-    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
-    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
 
     let runtime = || {
         LockRuntime::builder()
@@ -32,19 +27,7 @@ async fn verified_tls_works_and_everything_else_is_refused() {
     let b = runtime().await.expect("TLS, root given");
     certs::renews_and_wakes(&a, &b).await;
 
-    certs::refused_for_the_certificate(vec![
-        (
-            "another CA",
-            LockRuntime::builder()
-                .etcd(endpoints.clone())
-                .tls_root_cert_pem(other_ca),
-        ),
-        (
-            "the system's roots",
-            LockRuntime::builder().etcd(endpoints.clone()),
-        ),
-    ])
-    .await;
+    certs::refuses_other_roots(|| LockRuntime::builder().etcd(endpoints.clone()), other_ca).await;
 
     // Plain HTTP/2 to a TLS-only member: no answer that etcd would give.
     let plain: Vec<String> = endpoints

@@ -2,6 +2,9 @@
 //! clock, and nothing is kept per key forever.
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockRuntime, MemoryStore};
@@ -17,21 +20,11 @@ use lock_tests::{RedisServer, TestStore, redis_runtime};
 /// own connection handling.
 async fn fence_survives_a_lost_counter(store: TestStore) {
     let runtime = store.runtime().await;
-    let first = runtime
-        .lock("counter-lost")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let first = runtime.take_default_ttl("counter-lost").await;
     let fence = first.lease().fence();
     assert!(first.release().await.expect("release"));
     store.redis_del("lock:{counter-lost}:fence").await;
-    let second = runtime
-        .lock("counter-lost")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let second = runtime.take_default_ttl("counter-lost").await;
     assert!(
         second.lease().fence() > fence,
         "fence {} after the counter was lost, {fence} before",
@@ -71,23 +64,9 @@ async fn redlock_fences_go_on_when_a_minority_loses_its_counters() {
     };
     let runtime = store.runtime().await;
     let ahead: u64 = 3_000_000_000_000_000;
-    let mut conn = servers[0]
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("SET")
-        .arg("lock:{lifted}:fence")
-        .arg(ahead)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
-    let first = runtime
-        .lock("lifted")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let mut conn = servers[0].conn().await;
+    let _: () = lock_tests::query(&mut conn, ("SET", "lock:{lifted}:fence", ahead)).await;
+    let first = runtime.take_default_ttl("lifted").await;
     let fence = first.lease().fence();
     assert!(
         fence > ahead,
@@ -97,12 +76,7 @@ async fn redlock_fences_go_on_when_a_minority_loses_its_counters() {
     for server in &servers[..2] {
         lock_tests::store::delete_on(server, "lock:{lifted}:fence").await;
     }
-    let second = runtime
-        .lock("lifted")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let second = runtime.take_default_ttl("lifted").await;
     assert!(
         second.lease().fence() > fence,
         "fence {} after two of five masters lost their counters, {fence} before",
@@ -118,34 +92,16 @@ async fn redlock_fences_go_on_when_a_minority_loses_its_counters() {
 async fn a_counter_ahead_of_the_clock_goes_on_from_the_counter() {
     let server = RedisServer::start();
     let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = server.conn().await;
     // About 31 years of microseconds ahead of today's clock, still below 2^53.
     let ahead: u64 = 3_000_000_000_000_000;
-    let _: () = redis::cmd("SET")
-        .arg("lock:{clock-behind}:fence")
-        .arg(ahead)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
+    let _: () = lock_tests::query(&mut conn, ("SET", "lock:{clock-behind}:fence", ahead)).await;
     for step in 1..=2u64 {
-        let guard = runtime
-            .lock("clock-behind")
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = runtime.take_default_ttl("clock-behind").await;
         assert_eq!(guard.lease().fence(), ahead + step, "acquire {step}");
         guard.release().await.expect("release");
     }
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg("lock:{clock-behind}:fence")
-        .query_async(&mut conn)
-        .await
-        .expect("PTTL");
+    let pttl: i64 = lock_tests::query(&mut conn, ("PTTL", "lock:{clock-behind}:fence")).await;
     assert!(pttl > 0, "the counter keeps an expiry: PTTL {pttl}");
 }
 
@@ -159,35 +115,22 @@ async fn every_key_left_behind_expires() {
             .once(Duration::from_secs(60))
             .try_acquire()
             .await
-            .expect("acquire")
-            .expect("free");
+            .free();
         if i % 2 == 0 {
             guard.complete().await.expect("complete");
         } else {
             guard.release().await.expect("release");
         }
     }
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
+    let mut conn = server.conn().await;
+    let keys: Vec<String> = lock_tests::query(&mut conn, ("KEYS", "*")).await;
     assert!(
         !keys.is_empty(),
         "the fence counters and done markers are there"
     );
     let mut forever = Vec::new();
     for key in &keys {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .expect("PTTL");
+        let pttl: i64 = lock_tests::query(&mut conn, ("PTTL", key)).await;
         if pttl < 0 {
             forever.push(key.clone());
         }
@@ -204,26 +147,12 @@ async fn every_key_left_behind_expires() {
 #[tokio::test(start_paused = true)]
 async fn a_fence_survives_a_cleared_memory_store() {
     let store = MemoryStore::new();
-    let runtime = LockRuntime::builder()
-        .memory(store.clone())
-        .build()
-        .await
-        .expect("build");
-    let first = runtime
-        .lock("cleared")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let runtime = LockRuntime::builder().memory(store.clone()).built().await;
+    let first = runtime.take_default_ttl("cleared").await;
     let fence = first.lease().fence();
     first.release().await.expect("release");
     store.clear();
-    let second = runtime
-        .lock("cleared")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let second = runtime.take_default_ttl("cleared").await;
     assert!(
         second.lease().fence() > fence,
         "fence {} after the store lost its counters, {fence} before",

@@ -3,23 +3,22 @@
 //! while the grant could still be live.
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::proxied_redis;
 use std::time::Duration;
 
 use lock_runtime::{LockRuntime, RedlockStore};
 use lock_testkit::suite::free_now;
 use lock_tests::server::send_signal;
 use lock_tests::wake::free_within_5s;
-use lock_tests::{FaultProxy, RedisServer, SentinelSet, redis_runtime};
+use lock_tests::{FaultProxy, RedisServer, SentinelSet};
 
 // Finding 6: an acquire that errors after the server granted it gives the lock back.
 // Before: the grant stayed, held by nobody, for its whole ttl (30 s here).
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_error_after_the_grant_gives_it_back() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
-    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let (_server, proxy, late, other) = proxied_redis(Duration::from_millis(300)).await;
     proxy.set_latency(Duration::from_millis(400));
     let failed = late
         .lock("late-reply")
@@ -45,10 +44,7 @@ async fn an_acquire_error_after_the_grant_gives_it_back() {
 /// once, and the grant stayed for its 30 s ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_that_fails_is_tried_again() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
-    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let (_server, proxy, late, other) = proxied_redis(Duration::from_millis(300)).await;
     // The acquire reaches Redis after 400 ms, past the 300 ms timeout; its retry and the
     // give-back would arrive at about 700 and 1000 ms.
     proxy.set_latency(Duration::from_millis(400));
@@ -77,10 +73,7 @@ async fn a_give_back_that_fails_is_tried_again() {
 /// The same inside the wait loop, whose transient errors are retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wait_loop_leaves_no_grant_behind() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let late = redis_runtime(proxy.url(), Duration::from_millis(300)).await;
-    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let (_server, proxy, late, other) = proxied_redis(Duration::from_millis(300)).await;
     proxy.set_latency(Duration::from_millis(400));
     let waited = late
         .lock("late-wait")
@@ -159,14 +152,12 @@ async fn a_failed_redlock_quorum_gives_back_late_grants() {
             RedlockStore::new(proxies.iter().map(FaultProxy::url))
                 .node_timeout(Duration::from_millis(200)),
         )
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let other = LockRuntime::builder()
         .redlock(servers.iter().map(RedisServer::url))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     // Three nodes answer after the node timeout (their grants count for nothing), two refuse.
     for p in &proxies[..3] {
         p.set_latency(Duration::from_millis(350));

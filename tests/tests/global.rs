@@ -1,6 +1,7 @@
 //! The process-global runtime: its own test binary, since install() can happen once.
 
 use lock_runtime::{LockError, LockRuntime, MemoryStore};
+use lock_tests::Built;
 
 #[tokio::test]
 async fn not_configured_then_installed_then_already_configured() {
@@ -22,17 +23,12 @@ async fn not_configured_then_installed_then_already_configured() {
     let global = LockRuntime::builder()
         .memory(store.clone())
         .owner("global")
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     global.install().expect("first install");
     assert_eq!(LockRuntime::global().expect("installed").owner(), "global");
 
-    let second = LockRuntime::builder()
-        .memory(store.clone())
-        .build()
-        .await
-        .expect("build");
+    let second = LockRuntime::builder().memory(store.clone()).built().await;
     assert!(matches!(
         second.install(),
         Err(LockError::AlreadyConfigured)
@@ -42,9 +38,8 @@ async fn not_configured_then_installed_then_already_configured() {
     let scoped = LockRuntime::builder()
         .memory(store)
         .owner("scoped")
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let inside = scoped
         .scope(async { LockRuntime::current().expect("scoped").owner().to_owned() })
         .await;

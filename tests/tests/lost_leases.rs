@@ -3,6 +3,9 @@
 //! succeeded still leaves its `once` marker.
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -78,9 +81,8 @@ async fn a_lease_lost_at_grant_never_starts_the_body() {
 async fn once_lost_a_lease_stays_lost() {
     let runtime = LockRuntime::builder()
         .memory(MemoryStore::new())
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let ttl = Duration::from_secs(10);
     let guard = runtime
         .lock("monotonic")
@@ -88,8 +90,7 @@ async fn once_lost_a_lease_stays_lost() {
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.lease().is_held());
     // Past the validity (ttl minus drift) but before the store's record expires.
     tokio::time::advance(ttl - Duration::from_millis(50)).await;
@@ -99,13 +100,7 @@ async fn once_lost_a_lease_stays_lost() {
     assert!(guard.lease().is_lost(), "once lost, always lost");
     assert!(!guard.lease().is_held());
 
-    let released = runtime
-        .lock("released")
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let released = runtime.take("released", ttl).await;
     let lease = released.lease().clone();
     assert!(released.release().await.expect("release"));
     assert!(!lease.is_held(), "a released lease is not held");

@@ -22,6 +22,7 @@ mod quorum_members {
         ReleaseOutcome, ReleaseWatch, Renewal,
     };
     use lock_runtime::{LockError, LockRuntime, MemoryStore, RedlockStore};
+    use lock_tests::{Built, Free, TakeFree};
 
     /// A store that keeps every promise but cannot lift fences (the trait's default).
     #[derive(Clone, Default)]
@@ -68,9 +69,8 @@ mod quorum_members {
         let members: Vec<NoLift> = (0..3).map(|_| NoLift::default()).collect();
         let runtime = LockRuntime::builder()
             .store(RedlockStore::over(members.iter().cloned()))
-            .build()
-            .await
-            .expect("a runtime");
+            .built()
+            .await;
         let err = runtime
             .lock("unliftable")
             .try_acquire()
@@ -192,17 +192,15 @@ mod quorum_members {
         let members: Vec<Scripted> = (0..3).map(|_| Scripted::new()).collect();
         let runtime = LockRuntime::builder()
             .store(RedlockStore::over(members.iter().cloned()))
-            .build()
-            .await
-            .expect("a runtime");
+            .built()
+            .await;
         let guard = runtime
             .lock("cannot-tell")
             .ttl(Duration::from_secs(30))
             .watchdog(false)
             .try_acquire()
             .await
-            .expect("acquire")
-            .expect("free");
+            .free();
         members[1].answer(Answer::Unknown);
         members[2].answer(Answer::Error);
         let extended = guard.extend(Duration::from_secs(30)).await;
@@ -269,13 +267,7 @@ mod quorum_members {
             runtime("a").await.expect("a"),
             runtime("b").await.expect("b"),
         );
-        let guard = a
-            .lock("half-released")
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = a.take("half-released", Duration::from_secs(30)).await;
         members[1].fail_releases(true);
         members[2].fail_releases(true);
         let released = guard.release().await;
@@ -303,6 +295,7 @@ mod background_releases {
 
     use lock_runtime::LockRuntime;
     use lock_runtime::store::{KeyNames, LockStore};
+    use lock_tests::{Built, TakeFree};
     use tokio::time::Instant;
 
     use super::quorum_members::Scripted;
@@ -314,18 +307,8 @@ mod background_releases {
     #[tokio::test(start_paused = true)]
     async fn a_shutdown_cuts_the_pause_between_release_tries_short() {
         let store = Scripted::new();
-        let runtime = LockRuntime::builder()
-            .store(store.clone())
-            .build()
-            .await
-            .expect("a runtime");
-        let guard = runtime
-            .lock("pausing")
-            .ttl(Duration::from_secs(60))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let runtime = LockRuntime::builder().store(store.clone()).built().await;
+        let guard = runtime.take("pausing", Duration::from_secs(60)).await;
         store.fail_releases(true);
         drop(guard);
         // Five tries have failed by now; the sixth waits out a pause of 1-2 s.

@@ -1,6 +1,8 @@
 //! The `metrics` feature: a scripted run on the memory store under a debugging recorder, and
 //! the values it must have recorded.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -44,33 +46,17 @@ async fn a_scripted_run_records_every_metric() {
         .memory(store.clone())
         // Bounded cardinality: `report:<date>` keys share the label `report`.
         .metrics_key_label(|key| key.split(':').next().unwrap_or(key).to_owned())
-        .build()
-        .await
-        .expect("build");
-    let b = LockRuntime::builder()
-        .memory(store.clone())
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
+    let b = LockRuntime::builder().memory(store.clone()).built().await;
 
     // 2 acquisitions and releases on two `report:` keys.
     for day in ["report:1", "report:2"] {
-        let guard = a
-            .lock(day)
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = a.take_default_ttl(day).await;
         guard.release().await.expect("release");
     }
     // Held: a contended attempt, then a wait that times out, then one that succeeds.
-    let held = a
-        .lock("job")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let held = a.take("job", Duration::from_secs(30)).await;
     assert!(b.lock("job").try_acquire().await.expect("try").is_none());
     assert!(matches!(
         b.lock("job")
@@ -78,10 +64,7 @@ async fn a_scripted_run_records_every_metric() {
             .await,
         Err(LockError::WaitTimeout { .. })
     ));
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.lock("job").acquire_timeout(Duration::from_secs(5)).await })
-    };
+    let waiter = lock_tests::acquire_in_task(b.clone(), "job", Duration::from_secs(5));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(held.release().await.expect("release"));
     let waited = waiter
@@ -89,13 +72,7 @@ async fn a_scripted_run_records_every_metric() {
         .expect("task")
         .expect("acquired after the release");
     // A lost lease: the store forgets everything behind the holder's back.
-    let doomed = a
-        .lock("doomed")
-        .ttl(Duration::from_millis(300))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let doomed = a.take("doomed", Duration::from_millis(300)).await;
     store.clear();
     tokio::time::timeout(Duration::from_secs(2), doomed.lease().lost())
         .await

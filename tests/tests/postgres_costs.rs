@@ -2,6 +2,7 @@
 //! (found by key, whatever the table's statistics say) and the announcements a release
 //! sends (only when somebody asked for the lock).
 
+use lock_tests::TakeFree;
 use std::time::{Duration, Instant};
 
 use lock_tests::PostgresServer;
@@ -40,13 +41,7 @@ async fn statements_find_rows_by_key_whatever_the_statistics_say() {
     // statement (it tries custom plans five times first).
     for i in 0..10 {
         let guard = hold(&rt, &format!("warm{i}"), Duration::from_secs(30)).await;
-        assert!(
-            rt.lock(format!("warm{i}"))
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .is_none()
-        );
+        assert!(rt.try_take(format!("warm{i}")).await.is_none());
         guard.release().await.expect("release");
     }
     admin
@@ -88,11 +83,7 @@ async fn statements_find_rows_by_key_whatever_the_statistics_say() {
     for i in 0..PAIRS {
         let guard = hold(&rt, &format!("k{i}"), Duration::from_secs(30)).await;
         assert!(
-            rt.lock("busy")
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .is_none(),
+            rt.try_take("busy").await.is_none(),
             "a held lock was granted again"
         );
         guard.release().await.expect("release");
@@ -153,13 +144,7 @@ async fn only_releases_somebody_asked_for_are_announced() {
     }
     // Somebody tried and gave up: announced once.
     let guard = hold(&a, "tried", Duration::from_secs(30)).await;
-    assert!(
-        b.lock("tried")
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .is_none()
-    );
+    assert!(b.try_take("tried").await.is_none());
     guard.release().await.expect("release");
     // Somebody waits: announced, and the waiter is woken by it, long before the ttl.
     let guard = hold(&a, "waited", Duration::from_secs(30)).await;

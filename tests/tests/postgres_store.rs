@@ -2,6 +2,9 @@
 //! terminated backend, a statement timeout, a dropped listening connection), each on a real
 //! server started by the test.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockRuntime, PostgresStore};
@@ -174,9 +177,8 @@ async fn a_missing_table_without_create_permission_is_explained() {
         .expect("grants");
     let rt = LockRuntime::builder()
         .store(PostgresStore::new(&url).table("job_locks"))
-        .build()
-        .await
-        .expect("the table exists now");
+        .built()
+        .await;
     let guard = rt.lock("nightly").try_acquire().await.expect("acquire");
     assert!(guard.expect("free").release().await.expect("release"));
 }
@@ -201,8 +203,7 @@ async fn released_rows_are_deleted_and_expired_ones_swept() {
         .once(Duration::from_secs(60))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.complete().await.expect("complete"));
     assert_eq!(rows(&server).await, 1, "the done marker's row stays");
 
@@ -243,14 +244,7 @@ async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_
     let fence_before = first.lease().fence();
 
     // A waiter is parked when the server goes away.
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.lock("ledger")
-                .acquire_timeout(Duration::from_secs(40))
-                .await
-        })
-    };
+    let waiter = lock_tests::acquire_in_task(b.clone(), "ledger", Duration::from_secs(40));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let server = tokio::task::spawn_blocking(move || {
         let mut server = server;
@@ -302,14 +296,7 @@ async fn terminated_backends_cost_no_lease_and_no_wake_up() {
         .await
         .expect("acquire");
     let held = held.expect("free");
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.lock("report")
-                .acquire_timeout(Duration::from_secs(30))
-                .await
-        })
-    };
+    let waiter = lock_tests::acquire_in_task(b.clone(), "report", Duration::from_secs(30));
     let admin = server.client().await;
     // Every connection of both runtimes (commands and listening), three times over a ttl.
     for _ in 0..3 {
@@ -361,23 +348,10 @@ async fn an_acquire_stuck_behind_a_foreign_row_lock_answers_busy_in_bounded_time
         started.elapsed()
     );
     tx.rollback().await.expect("ROLLBACK");
-    assert!(
-        b.lock("payroll")
-            .try_acquire()
-            .await
-            .expect("answers again")
-            .is_none(),
-        "A still holds it"
-    );
+    assert!(b.try_take("payroll").await.is_none(), "A still holds it");
     assert!(!held.lease().is_lost());
     assert!(held.release().await.expect("release"));
-    assert!(
-        b.lock("payroll")
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .is_some()
-    );
+    assert!(b.try_take("payroll").await.is_some());
 }
 
 /// A release whose row changed under it (another caller wrote the lock's done marker while
@@ -407,11 +381,7 @@ async fn a_release_racing_a_done_marker_still_releases() {
         "the holder's release was reported as not its own"
     );
     assert!(
-        b.lock("nightly")
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .is_some(),
+        b.try_take("nightly").await.is_some(),
         "the lock is free after its release"
     );
 }
@@ -429,14 +399,7 @@ async fn a_foreign_row_lock_costs_no_other_lease() {
     let mut admin = server.client().await;
     let tx = lock_row(&mut admin, "blocked").await;
     // B keeps trying the blocked lock while its other lease needs renewals.
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.lock("blocked")
-                .acquire_timeout(Duration::from_secs(6))
-                .await
-        })
-    };
+    let waiter = lock_tests::acquire_in_task(b.clone(), "blocked", Duration::from_secs(6));
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(
         !other.lease().is_lost(),
@@ -497,9 +460,8 @@ async fn an_older_table_gains_its_column_or_the_sql_for_it() {
     // The owner's runtime (the superuser here) brings its table up to date.
     let rt = LockRuntime::builder()
         .store(PostgresStore::new(server.url()).table("own_locks"))
-        .build()
-        .await
-        .expect("the owner adds the column");
+        .built()
+        .await;
     let guard = rt.lock("nightly").try_acquire().await.expect("acquire");
     assert!(guard.expect("free").release().await.expect("release"));
     rt.shutdown().await;
@@ -581,8 +543,7 @@ async fn every_expired_row_is_swept_however_many() {
         .once(Duration::from_secs(600))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.complete().await.expect("complete"));
     server
         .client()

@@ -12,13 +12,8 @@ use lock_tests::postgres::hold;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verified_tls_works_and_everything_else_is_refused() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    certs::ca(dir.path(), "ca");
-    certs::ca(dir.path(), "other-ca");
-    certs::server_cert(dir.path(), "ca");
+    let (dir, ca, other_ca) = certs::two_cas();
     let server = PostgresServer::start_tls(dir.path());
-    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
-    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
 
     // libpq's strictest mode, and the root certificate alone (which asks for TLS too).
     let runtimes = [

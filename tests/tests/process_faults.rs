@@ -1,6 +1,7 @@
 //! Faults that need a separate OS process: holders killed, paused, or stopped with SIGTERM,
 //! run-once across processes, SCRIPT FLUSH.
 
+use lock_tests::TakeFree;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -64,27 +65,13 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
     let runtime = store.runtime().await;
     // Held across several ttl/3 renewals by the live holder.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
-    assert!(
-        runtime
-            .lock("job")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_none()
-    );
+    assert!(runtime.try_take("job").await.is_none());
 
     holder.start_kill().expect("SIGKILL the holder");
     holder.wait().await.expect("reaping the holder");
     let killed = Instant::now();
     // Right after the kill the record is still there: nobody released it.
-    assert!(
-        runtime
-            .lock("job")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_none()
-    );
+    assert!(runtime.try_take("job").await.is_none());
     let guard = runtime
         .lock("job")
         .acquire_timeout(ttl + Duration::from_secs(3))
@@ -105,44 +92,17 @@ async fn script_flush_is_transparent() {
         unreachable!("made as redis")
     };
     let runtime = store.runtime().await;
-    let held = runtime
-        .lock("flushed")
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .expect("SCRIPT FLUSH");
+    let held = runtime.take("flushed", Duration::from_millis(600)).await;
+    let mut conn = server.conn().await;
+    let _: () = lock_tests::query(&mut conn, ("SCRIPT", "FLUSH")).await;
     // Several renewal periods pass: the watchdog's first renewal after the flush reloads.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!held.lease().is_lost(), "renewals survived the flush");
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .expect("SCRIPT FLUSH");
+    let _: () = lock_tests::query(&mut conn, ("SCRIPT", "FLUSH")).await;
     let first_fence = held.lease().fence();
     assert!(held.release().await.expect("release after a flush"));
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .expect("SCRIPT FLUSH");
-    let again = runtime
-        .lock("flushed")
-        .try_acquire()
-        .await
-        .expect("acquire after a flush")
-        .expect("free");
+    let _: () = lock_tests::query(&mut conn, ("SCRIPT", "FLUSH")).await;
+    let again = runtime.take_default_ttl("flushed").await;
     assert!(again.lease().fence() > first_fence);
     again.release().await.expect("release");
 }
@@ -164,12 +124,7 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
     assert!(line.starts_with("acquired "), "{line}");
 
     let runtime = store.runtime().await;
-    let waiter = tokio::spawn(async move {
-        runtime
-            .lock("graceful")
-            .acquire_timeout(Duration::from_secs(10))
-            .await
-    });
+    let waiter = lock_tests::acquire_in_task(runtime, "graceful", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "held by the other process");
     signal(&holder, "-TERM");
@@ -225,28 +180,17 @@ async fn once_runs_a_slot_once_across_skewed_processes() {
     };
     run_slot("2026-12-01", false).await;
     run_slot("2026-12-02", true).await;
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let runs: Vec<Option<u64>> = redis::cmd("MGET")
-        .arg("runs:2026-12-01")
-        .arg("runs:2026-12-02")
-        .query_async(&mut conn)
-        .await
-        .expect("MGET");
+    let mut conn = server.conn().await;
+    let runs: Vec<Option<u64>> =
+        lock_tests::query(&mut conn, ("MGET", "runs:2026-12-01", "runs:2026-12-02")).await;
     assert_eq!(runs[0], Some(1), "five skewed instances, one run");
     assert_eq!(
         runs[1],
         Some(2),
         "the failed run left no marker; the next instance ran it once"
     );
-    let marker: bool = redis::cmd("EXISTS")
-        .arg("lock:{interest:2026-12-01}:done")
-        .query_async(&mut conn)
-        .await
-        .expect("EXISTS");
+    let marker: bool =
+        lock_tests::query(&mut conn, ("EXISTS", "lock:{interest:2026-12-01}:done")).await;
     assert!(marker, "the done marker stays for its retention");
 }
 
@@ -281,11 +225,7 @@ async fn paused_holder_is_fenced_off() {
         .await
         .expect("the paused holder's lease expired");
     assert!(guard.lease().fence() > old_fence);
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = server.conn().await;
     assert!(
         lock_tests::fenced::fenced_write(&mut conn, "ledger", guard.lease().fence(), "new holder")
             .await
@@ -298,18 +238,8 @@ async fn paused_holder_is_fenced_off() {
     stdin.flush().await.expect("flush");
     let report = next_line(&mut lines).await;
     assert_eq!(report, "lost_before=true accepted=false", "{report}");
-    let rejected: Option<u64> = redis::cmd("GET")
-        .arg("ledger:rejected")
-        .query_async(&mut conn)
-        .await
-        .expect("GET");
-    let data: Vec<String> = redis::cmd("LRANGE")
-        .arg("ledger:data")
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .expect("LRANGE");
+    let rejected: Option<u64> = lock_tests::query(&mut conn, ("GET", "ledger:rejected")).await;
+    let data: Vec<String> = lock_tests::query(&mut conn, ("LRANGE", "ledger:data", 0, -1)).await;
     assert_eq!(rejected, Some(1), "the stale write was counted as refused");
     assert_eq!(
         data,

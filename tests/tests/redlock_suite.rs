@@ -1,6 +1,8 @@
 //! The behaviour and attribute suites on a Redlock quorum of five independent redis-servers,
 //! and the faults that only a quorum survives.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
@@ -27,13 +29,7 @@ async fn quorum_tolerates_two_of_five_down_and_fails_fast_at_three() {
         nodes[0].kill();
         nodes[1].kill();
     }
-    let guard = runtime
-        .lock("quorum")
-        .ttl(Duration::from_secs(5))
-        .try_acquire()
-        .await
-        .expect("acquire with 3 of 5 masters")
-        .expect("free");
+    let guard = runtime.take("quorum", Duration::from_secs(5)).await;
     assert!(guard.release().await.expect("release"));
 
     let down_port = servers(&mut store)[2].port();
@@ -78,23 +74,13 @@ async fn restarted_empty_master_does_not_admit_a_second_holder() {
     let mut store = TestStore::redlock();
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a
-        .lock("restart")
-        .ttl(Duration::from_secs(2))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("restart", Duration::from_secs(2)).await;
     servers(&mut store)[0].restart();
     servers(&mut store)[1].restart();
     // Two masters forgot the lock; three still hold it.
     for _ in 0..10 {
         assert!(
-            b.lock("restart")
-                .try_acquire()
-                .await
-                .expect("try")
-                .is_none(),
+            b.try_take("restart").await.is_none(),
             "a second holder got in while 3 of 5 masters hold the lock"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -104,12 +90,7 @@ async fn restarted_empty_master_does_not_admit_a_second_holder() {
     assert!(!guard.lease().is_lost());
     let first_fence = guard.lease().fence();
     assert!(guard.release().await.expect("release"));
-    let next = b
-        .lock("restart")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free after the release");
+    let next = b.take_default_ttl("restart").await;
     assert!(next.lease().fence() > first_fence);
 }
 
@@ -122,13 +103,7 @@ async fn a_waiter_rides_out_every_master_stalling() {
     let mut store = TestStore::redlock();
     let holder = store.runtime().await;
     let waiter = store.runtime().await;
-    let guard = holder
-        .lock("stalled")
-        .ttl(Duration::from_secs(4))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("stalled", Duration::from_secs(4)).await;
     let pids: Vec<u32> = servers(&mut store)
         .iter()
         .filter_map(RedisServer::pid)
@@ -173,21 +148,11 @@ async fn no_master_keeps_a_subscription_once_nobody_waits() {
     let waiter = store.runtime().await;
     for round in 0..ROUNDS {
         let key = format!("subscribed-{round}");
-        let guard = holder
-            .lock(key.clone())
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = holder.take_default_ttl(key.clone()).await;
         let waiting = {
             let waiter = waiter.clone();
             let key = key.clone();
-            tokio::spawn(async move {
-                waiter
-                    .lock(key)
-                    .acquire_timeout(Duration::from_secs(5))
-                    .await
-            })
+            lock_tests::acquire_in_task(waiter, key, Duration::from_secs(5))
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(guard.release().await.expect("release"));
@@ -205,18 +170,10 @@ async fn no_master_keeps_a_subscription_once_nobody_waits() {
     loop {
         let mut left = Vec::new();
         for server in servers(&mut store).iter() {
-            let mut conn = server
-                .client()
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect");
+            let mut conn = server.conn().await;
             for channel in &channels {
-                let reply: Vec<redis::Value> = redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg(channel)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("PUBSUB NUMSUB");
+                let reply: Vec<redis::Value> =
+                    lock_tests::query(&mut conn, ("PUBSUB", "NUMSUB", channel)).await;
                 let n: i64 = redis::from_redis_value(reply[1].clone()).expect("a count");
                 if n > 0 {
                     left.push(format!("{}: {channel}", server.port()));
@@ -248,14 +205,12 @@ async fn a_waiter_wakes_after_a_long_outage() {
         .redlock(proxies.iter().map(FaultProxy::url))
         .command_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let holder = LockRuntime::builder()
         .redlock(servers.iter().map(RedisServer::url))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     wake::waiter_wakes_after_an_outage(&waiting, &holder, "long-outage", |down| {
         for proxy in &proxies {
             proxy.refuse(down);

@@ -4,6 +4,9 @@
 //! the acquires in flight. In each, the other runtime (connected directly) must find the lock
 //! free within a few seconds, not after the 30 s ttl.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
@@ -72,9 +75,8 @@ impl Rig {
             .owner("through-the-proxy")
             .command_timeout(command_timeout)
             .connect_timeout(command_timeout)
-            .build()
+            .built()
             .await
-            .expect("build through the proxy")
     }
 
     /// A runtime connected to the store directly.
@@ -82,9 +84,8 @@ impl Rig {
         self.builder(false)
             .owner("direct")
             .command_timeout(Duration::from_secs(2))
-            .build()
+            .built()
             .await
-            .expect("build")
     }
 
     /// Closes every connection through the proxy and refuses new ones.
@@ -104,12 +105,8 @@ async fn a_failed_release_is_carried_out_later(rig: Rig) {
     let slow = rig.slow(Duration::from_millis(500)).await;
     let direct = rig.direct().await;
     let guard = slow
-        .lock("release-into-a-cut")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+        .take("release-into-a-cut", Duration::from_secs(30))
+        .await;
     rig.cut();
     let released = guard.release().await;
     assert!(
@@ -139,8 +136,7 @@ async fn a_failed_completion_still_marks_the_work_done(rig: Rig) {
         .once(Duration::from_secs(3600))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     rig.cut();
     let completed = guard.complete().await;
     assert!(
@@ -226,8 +222,7 @@ async fn a_late_marker_keeps_its_retention_from_the_completion(rig: Rig) {
         .once(once)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     rig.cut();
     assert!(guard.complete().await.is_err(), "the link is cut");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -304,13 +299,7 @@ async fn a_release_whose_answer_was_lost_still_reports_it_released() {
     let direct = rig.direct().await;
     for forced in [false, true] {
         let key = format!("answer-lost-{forced}");
-        let guard = slow
-            .lock(&key)
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+        let guard = slow.take(&key, Duration::from_secs(30)).await;
         // Answers held back 600 ms; the connection drops while this one is held back.
         rig.proxy.set_reply_latency(Duration::from_millis(600));
         let dropper = async {

@@ -3,6 +3,9 @@
 //! `min_hold` is nobody's, and `max_hold` caps renewals and `extend` alike.
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
@@ -26,13 +29,7 @@ async fn the_first_renewal_is_timed_from_the_send() {
     // answered at 7.2 s, after the lease was lost.
     proxy.set_reply_latency(Duration::from_millis(2600));
     let sent = Instant::now();
-    let guard = runtime
-        .lock("slow-grant")
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = runtime.take("slow-grant", ttl).await;
     let took = sent.elapsed();
     assert!(
         took >= Duration::from_millis(2500) && took < ttl,
@@ -62,8 +59,7 @@ async fn max_hold_is_not_exceeded() {
         .max_hold(Duration::from_secs(40))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     guard.lease().lost().await;
     let held = start.elapsed();
     assert!(
@@ -73,11 +69,7 @@ async fn max_hold_is_not_exceeded() {
     // The store agrees: free by max_hold too.
     tokio::time::sleep_until(start + Duration::from_secs(40)).await;
     assert!(
-        b.lock("capped-hard")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_some(),
+        b.try_take("capped-hard").await.is_some(),
         "the record outlived max_hold"
     );
     drop(guard);
@@ -93,9 +85,8 @@ async fn a_failing_cluster_shard_costs_only_its_own_leases() {
     let runtime = LockRuntime::builder()
         .redis_cluster(cluster.urls())
         .command_timeout(Duration::from_millis(400))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let keys: Vec<String> = (0..30).map(|i| format!("sharded-{i}")).collect();
     let (victim, _) = cluster.master_and_replica_of(&format!("lock:{{{}}}", keys[0]));
     let mut healthy = Vec::new();
@@ -103,12 +94,8 @@ async fn a_failing_cluster_shard_costs_only_its_own_leases() {
     let mut guards = Vec::new();
     for key in &keys {
         let guard = runtime
-            .lock(key.as_str())
-            .ttl(Duration::from_millis(1500))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+            .take(key.as_str(), Duration::from_millis(1500))
+            .await;
         let (master, _) = cluster.shard_of(0, &format!("lock:{{{key}}}"));
         if master == victim {
             on_victim += 1;
@@ -122,26 +109,18 @@ async fn a_failing_cluster_shard_costs_only_its_own_leases() {
     // serving their slots meanwhile, as with `cluster-require-full-coverage no`.
     let (_, victim_replica) = cluster.master_and_replica_of(&format!("lock:{{{}}}", keys[0]));
     for (i, node) in cluster.nodes.iter().enumerate() {
-        let mut conn = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to a node");
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .query_async(&mut conn)
-            .await
-            .expect("CONFIG SET");
+        let mut conn = node.conn().await;
+        let _: () = lock_tests::query(
+            &mut conn,
+            ("CONFIG", "SET", "cluster-require-full-coverage", "no"),
+        )
+        .await;
         if i == victim_replica {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("cluster-replica-no-failover")
-                .arg("yes")
-                .query_async(&mut conn)
-                .await
-                .expect("CONFIG SET");
+            let _: () = lock_tests::query(
+                &mut conn,
+                ("CONFIG", "SET", "cluster-replica-no-failover", "yes"),
+            )
+            .await;
         }
     }
     let pid = cluster.nodes[victim].pid().expect("running");
@@ -180,15 +159,10 @@ async fn a_renewal_after_a_min_hold_release_does_not_extend_it() {
         .min_hold(Duration::from_secs(2))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let token = guard.lease().token().to_owned();
     assert!(guard.release().await.expect("release"), "kept for min_hold");
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = server.conn().await;
     let renewed: Vec<i64> = redis::Script::new(include_str!(
         "../../lock-runtime/src/store/redis/lua/extend.lua"
     ))
@@ -198,11 +172,7 @@ async fn a_renewal_after_a_min_hold_release_does_not_extend_it() {
     .invoke_async(&mut conn)
     .await
     .expect("the extend script");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg("lock:{kept}")
-        .query_async(&mut conn)
-        .await
-        .expect("PTTL");
+    let pttl: i64 = lock_tests::query(&mut conn, ("PTTL", "lock:{kept}")).await;
     assert_eq!(renewed, vec![0], "a released lease is not renewed");
     assert!(
         pttl <= 2_000,
@@ -225,18 +195,13 @@ async fn extend_respects_max_hold() {
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     tokio::time::advance(Duration::from_secs(5)).await;
     assert!(guard.extend(Duration::from_secs(60)).await.expect("extend"));
     tokio::time::sleep_until(start + Duration::from_secs(20)).await;
     assert!(guard.lease().is_lost(), "the lease ends at max_hold");
     assert!(
-        b.lock("capped-extend")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_some(),
+        b.try_take("capped-extend").await.is_some(),
         "the record ends at max_hold too"
     );
     assert!(

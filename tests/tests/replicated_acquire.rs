@@ -3,6 +3,8 @@
 //! holds up renewals, and a cancelled one leaves no grant.
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockRuntime, RedisStore};
@@ -21,40 +23,18 @@ async fn master_with_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
     let port = master.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let mut conn = master
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to the master");
+    let mut conn = master.conn().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO");
+        let info: String = lock_tests::query(&mut conn, ("INFO", "replication")).await;
         // `state=online` is not enough: after a diskless sync the master streams to the
         // replica only once the replica's first REPLCONF ACK arrives (up to a second later),
         // and until then WAIT blocks. A write that WAIT confirms proves the stream is up.
         if info.contains("state=online") {
-            let _: () = redis::cmd("SET")
-                .arg("replica-sync-probe")
-                .arg(1)
-                .query_async(&mut conn)
-                .await
-                .expect("SET");
+            let _: () = lock_tests::query(&mut conn, ("SET", "replica-sync-probe", 1)).await;
             // (Short: the client's own response timeout is under a second.)
-            let acked: i64 = redis::cmd("WAIT")
-                .arg(1)
-                .arg(200)
-                .query_async(&mut conn)
-                .await
-                .expect("WAIT");
-            let _: () = redis::cmd("DEL")
-                .arg("replica-sync-probe")
-                .query_async(&mut conn)
-                .await
-                .expect("DEL");
+            let acked: i64 = lock_tests::query(&mut conn, ("WAIT", 1, 200)).await;
+            let _: () = lock_tests::query(&mut conn, ("DEL", "replica-sync-probe")).await;
             if acked >= 1 {
                 break;
             }
@@ -78,9 +58,8 @@ async fn never_confirms_through_a_retry() {
     let proxy = FaultProxy::start(master.port());
     let runtime = LockRuntime::builder()
         .store(RedisStore::new(proxy.url()).replicated_acquire(1, Duration::from_secs(3)))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     send_signal(&replica, "-STOP");
     let acquiring = {
         let runtime = runtime.clone();
@@ -114,19 +93,14 @@ async fn its_waits_do_not_starve_renewals() {
     let (master, mut replica) = master_with_replica().await;
     let runtime = LockRuntime::builder()
         .store(RedisStore::new(master.url()).replicated_acquire(1, Duration::from_secs(1)))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let mut held = Vec::new();
     for i in 0..20 {
         held.push(
             runtime
-                .lock(format!("healthy-{i}"))
-                .ttl(Duration::from_millis(900))
-                .try_acquire()
-                .await
-                .expect("acquire while the replica is up")
-                .expect("free"),
+                .take(format!("healthy-{i}"), Duration::from_millis(900))
+                .await,
         );
     }
     replica.kill();
@@ -173,9 +147,8 @@ async fn a_cancelled_one_leaves_no_grant() {
         .store(RedisStore::new(proxy.url()).replicated_acquire(1, Duration::from_secs(2)))
         .command_timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let direct = redis_runtime(master.url(), Duration::from_secs(2)).await;
     // Each replicated acquire opens a connection of its own: make those slow (latency L per
     // hop) while the runtime's shared connection stays fast.
@@ -184,13 +157,7 @@ async fn a_cancelled_one_leaves_no_grant() {
     // One whole acquire, to learn how long the set-up takes: the pipeline is written 2 hops
     // before the answer arrives and runs on the server 1 hop before it.
     let started = Instant::now();
-    let probe = runtime
-        .lock("probe")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let probe = runtime.take("probe", Duration::from_secs(30)).await;
     let whole = started.elapsed();
     drop(probe);
     assert!(

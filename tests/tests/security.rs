@@ -1,6 +1,9 @@
 //! Security: the runtime works as a Redis ACL user restricted to what it needs, and a wrong
 //! password fails clearly without showing it.
 
+use lock_tests::Built;
+use lock_tests::Free;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, distributed_lock};
@@ -19,11 +22,7 @@ async fn once_job() -> Result<Option<u32>, LockError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     let server = RedisServer::start();
-    let mut admin = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut admin = server.conn().await;
     let mut setuser = redis::cmd("ACL");
     setuser.arg("SETUSER").arg("locker");
     for part in LOCK_USER_ACL.split_whitespace() {
@@ -32,24 +31,10 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     let _: () = setuser.query_async(&mut admin).await.expect("ACL SETUSER");
     let url = format!("redis://locker:s3cret-lock-pw@127.0.0.1:{}", server.port());
 
-    let a = LockRuntime::builder()
-        .redis(url.as_str())
-        .build()
-        .await
-        .expect("build as locker");
-    let b = LockRuntime::builder()
-        .redis(url.as_str())
-        .build()
-        .await
-        .expect("build as locker");
+    let a = LockRuntime::builder().redis(url.as_str()).built().await;
+    let b = LockRuntime::builder().redis(url.as_str()).built().await;
     // Acquire, renew (watchdog), inspect, wait on a release, min_hold, once.
-    let guard = a
-        .lock("acl")
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("acl", Duration::from_millis(600)).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(!guard.lease().is_lost(), "renewals are permitted");
     assert!(a.inspect("acl").await.expect("inspect").is_some());
@@ -62,8 +47,7 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
         .min_hold(Duration::from_millis(200))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(held.release().await.expect("release with min_hold"));
     assert_eq!(a.scope(once_job()).await.expect("ran"), Some(1));
     assert_eq!(a.scope(once_job()).await.expect("skipped"), None);
@@ -72,9 +56,8 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     let other_ns = LockRuntime::builder()
         .redis(url.as_str())
         .namespace("elsewhere")
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let err = other_ns
         .lock("x")
         .try_acquire()

@@ -1,6 +1,8 @@
 //! The behaviour and attribute suites on a Sentinel set (1 master, 1 replica, 3 sentinels,
 //! acquires confirmed by the replica), and failovers.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime, RedisStore};
@@ -19,13 +21,7 @@ async fn lock_survives_a_sentinel_failover_and_the_runtime_follows() {
     };
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let guard = a
-        .lock("survivor")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("survivor", Duration::from_secs(3)).await;
     let old_master = set.master_port();
     set.failover();
     assert_ne!(set.master_port(), old_master);
@@ -49,12 +45,7 @@ async fn lock_survives_a_sentinel_failover_and_the_runtime_follows() {
     assert!(guard.release().await.expect("release on the new master"));
     // The old master rejoins as a replica of the new one; replicated acquires need it.
     set.wait_for(Duration::from_secs(20), |set| set.replica_in_sync());
-    let fresh = b
-        .lock("after-failover")
-        .try_acquire()
-        .await
-        .expect("acquire on the new master")
-        .expect("free");
+    let fresh = b.take_default_ttl("after-failover").await;
     assert!(fresh.release().await.expect("release"));
 }
 
@@ -71,9 +62,8 @@ async fn replicated_acquire_without_a_replica_fails_clearly() {
             RedisStore::sentinel(&set.master_name, set.sentinel_urls())
                 .replicated_acquire(1, Duration::from_millis(300)),
         )
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let err = runtime
         .lock("unreplicated")
         .try_acquire()
@@ -110,9 +100,8 @@ async fn waiters_follow_the_master_after_failover_and_the_old_one_dying() {
         };
         LockRuntime::builder()
             .redis_sentinel(&set.master_name, set.sentinel_urls())
-            .build()
+            .built()
             .await
-            .expect("build")
     };
     // The waiter's subscriber connects to the first master.
     wake::warm_subscriber(&a, &b, "warm").await;
@@ -123,11 +112,7 @@ async fn waiters_follow_the_master_after_failover_and_the_old_one_dying() {
     let old_port = set.master_port().expect("a master");
     set.failover();
     set.wait_for(Duration::from_secs(20), |set| set.replica_in_sync());
-    let old = set
-        .servers
-        .iter()
-        .position(|s| s.port() == old_port)
-        .expect("the old master");
+    let old = set.index_of(old_port);
     set.servers[old].kill();
 
     let held = a
@@ -142,26 +127,12 @@ async fn waiters_follow_the_master_after_failover_and_the_old_one_dying() {
             drop(other);
             let plain = LockRuntime::builder()
                 .redis_sentinel(&set.master_name, set.sentinel_urls())
-                .build()
-                .await
-                .expect("build");
-            plain
-                .lock("followed")
-                .ttl(Duration::from_secs(30))
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .expect("free")
+                .built()
+                .await;
+            plain.take("followed", Duration::from_secs(30)).await
         }
     };
-    let waiting = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.lock("followed")
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-        })
-    };
+    let waiting = lock_tests::acquire_in_task(b.clone(), "followed", Duration::from_secs(20));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let released = tokio::time::Instant::now();
     assert!(held.release().await.expect("release"));
@@ -197,11 +168,7 @@ async fn waiters_follow_the_master_after_it_crashes() {
     wake::warm_subscriber(&holder, &waiter, "warm").await;
 
     let old_port = set.master_port().expect("a master");
-    let old = set
-        .servers
-        .iter()
-        .position(|s| s.port() == old_port)
-        .expect("the old master");
+    let old = set.index_of(old_port);
     set.servers[old].kill();
     set.wait_for(Duration::from_secs(30), |set| {
         set.master_port().is_some_and(|p| p != old_port)
@@ -256,21 +223,12 @@ async fn password_stays_out_of_the_logs(secret: &str) {
         )
         .command_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .expect("the sentinels' password reaches the master too");
+        .built()
+        .await;
     let guard = runtime
-        .lock("stalled-renewals")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
-    let server = set
-        .servers
-        .iter()
-        .find(|s| s.port() == master)
-        .expect("the master");
+        .take("stalled-renewals", Duration::from_secs(3))
+        .await;
+    let server = &set.servers[set.index_of(master)];
     lock_tests::server::send_signal(server, "-STOP");
     // Renewals every second; each times out after 300 ms.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -4,6 +4,8 @@
 //! (`shutdown_ends_waiters`, `shutdown_lets_running_jobs_finish`, `shutdown_releases_everything`).
 //! Each test failed on the code before its fix (docs/SAFETY.md); its comments say how.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,17 +24,10 @@ async fn waits_for_a_release_in_flight() {
     let holder = LockRuntime::builder()
         .redis(proxy.url())
         .shutdown_grace(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let guard = holder
-        .lock("released-late")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("released-late", Duration::from_secs(30)).await;
     proxy.set_latency(Duration::from_millis(500));
     let releasing = tokio::spawn(guard.release());
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -143,16 +138,9 @@ async fn a_second_shutdown_waits_for_the_same_end() {
             .redis(proxy.url())
             .command_timeout(Duration::from_secs(5))
             .shutdown_grace(Duration::from_millis(300))
-            .build()
-            .await
-            .expect("build");
-        let guard = runtime
-            .lock("shut-twice")
-            .ttl(Duration::from_secs(30))
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .expect("free");
+            .built()
+            .await;
+        let guard = runtime.take("shut-twice", Duration::from_secs(30)).await;
         // The link breaks for a second: the end-of-grace release waits to reconnect.
         outage(&proxy, Duration::from_secs(1));
         let first = {

@@ -4,11 +4,15 @@
 //! - Default: seeds from 1 on until 1,000,000 leases have been handed out (100,000 in a debug
 //!   build; `scripts/test.sh` runs the release build), at most 20,000 seeds.
 //! - `SIM_SEEDS=a..b` runs those seeds; `SIM_SEED=n` replays one; `SIM_SECONDS` sets the
-//!   simulated length of each run (default 20); `SIM_ACQUISITIONS` the target.
+//!   simulated length of each run (default 20); `SIM_ACQUISITIONS` the target; `SIM_THREADS`
+//!   how many seeds run at once (default: one per core; the totals and the digest do not
+//!   depend on it: reports are counted in seed order).
 
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lock_tests::sim::run_seed;
+use lock_tests::sim::{SimReport, run_seed};
 
 fn env_u64(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
@@ -36,18 +40,60 @@ fn seeds() -> (Vec<u64>, bool) {
 /// Runs one seed on a thread of its own. A run normally takes milliseconds; one that is
 /// still going after a minute of real time is spinning at one simulated instant (a livelock
 /// that paused time cannot step past), which is a failure, reported with its seed.
-fn run_guarded(seed: u64, length: Duration) -> lock_tests::sim::SimReport {
+fn run_guarded(seed: u64, length: Duration) -> Result<SimReport, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(run_seed(seed, length));
     });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(report) => report,
-        Err(_) => panic!(
+    rx.recv_timeout(Duration::from_secs(60)).map_err(|_| {
+        format!(
             "seed {seed} did not finish in a minute of real time: the runtime spins at one simulated instant; replay with:\n  SIM_SEED={seed} SIM_SECONDS={} cargo test -p lock-tests --test simulation -- --nocapture",
             length.as_secs()
-        ),
-    }
+        )
+    })
+}
+
+/// Runs `seeds` on `threads` threads and hands the reports to `each` in seed order (so the
+/// totals and the digest are those of a run on one thread), until `each` says stop; seeds
+/// still running then are finished and their reports dropped.
+fn in_seed_order(
+    seeds: &[u64],
+    length: Duration,
+    threads: usize,
+    mut each: impl FnMut(u64, Result<SimReport, String>) -> ControlFlow<()>,
+) {
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, stop) = (&next, &stop);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&seed) = seeds.get(i) else { break };
+                    if tx.send((i, run_guarded(seed, length))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut waiting = std::collections::BTreeMap::new();
+        let mut due = 0;
+        'reports: for (i, report) in rx {
+            waiting.insert(i, report);
+            while let Some(report) = waiting.remove(&due) {
+                let flow = each(seeds[due], report);
+                due += 1;
+                if flow.is_break() {
+                    stop.store(true, Ordering::Relaxed);
+                    break 'reports;
+                }
+            }
+        }
+    });
 }
 
 #[test]
@@ -69,8 +115,19 @@ fn simulated_runs_keep_every_promise() {
     let mut digest = 0u64;
     let mut excused = std::collections::BTreeMap::new();
     let mut faults = std::collections::BTreeMap::new();
-    for seed in seeds {
-        let report = run_guarded(seed, length);
+    let threads = env_u64("SIM_THREADS").map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n.max(1) as usize,
+    );
+    let mut failure = None;
+    in_seed_order(&seeds, length, threads, |seed, report| {
+        let report = match report {
+            Ok(report) => report,
+            Err(text) => {
+                failure = Some(text);
+                return ControlFlow::Break(());
+            }
+        };
         if explicit {
             println!(
                 "seed {seed}: {} leases, fingerprint {:016x}",
@@ -101,14 +158,19 @@ fn simulated_runs_keep_every_promise() {
                 text.push_str("history of that key around then:\n");
                 text.push_str(story);
             }
-            panic!("{text}");
+            failure = Some(text);
+            return ControlFlow::Break(());
         }
         if !explicit && acquisitions >= target {
-            break;
+            return ControlFlow::Break(());
         }
+        ControlFlow::Continue(())
+    });
+    if let Some(text) = failure {
+        panic!("{text}");
     }
     println!(
-        "simulation: {runs} seeds, {acquisitions} leases handed out, {} fenced writes accepted and {} refused, in {:.1} s",
+        "simulation: {runs} seeds, {acquisitions} leases handed out, {} fenced writes accepted and {} refused, in {:.1} s on {threads} thread(s)",
         writes.0,
         writes.1,
         started.elapsed().as_secs_f64()

@@ -2,6 +2,8 @@
 //! quorum, a Cluster, a Sentinel set) with certificates this test generates with the `openssl`
 //! command; a wrong CA fails clearly.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
 use std::time::Duration;
 
 use lock_runtime::LockRuntime;
@@ -10,42 +12,23 @@ use lock_tests::server::{RedisCluster, RedisServer, SentinelSet};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca_works_and_a_wrong_ca_fails() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    certs::ca(dir.path(), "ca");
-    certs::ca(dir.path(), "other-ca");
-    certs::server_cert(dir.path(), "ca");
+    let (dir, ca, other_ca) = certs::two_cas();
     let server = RedisServer::start_tls_with(Some(dir.path()), &[]);
     let url = server.url();
-    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
-    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
 
     let a = LockRuntime::builder()
         .redis(url.as_str())
         .tls_root_cert_pem(ca.clone())
-        .build()
-        .await
-        .expect("TLS with the right CA");
+        .built()
+        .await;
     let b = LockRuntime::builder()
         .redis(url.as_str())
         .tls_root_cert_pem(ca)
-        .build()
-        .await
-        .expect("TLS with the right CA");
+        .built()
+        .await;
     certs::renews_and_wakes(&a, &b).await;
 
-    certs::refused_for_the_certificate(vec![
-        (
-            "a wrong CA",
-            LockRuntime::builder()
-                .redis(url.as_str())
-                .tls_root_cert_pem(other_ca),
-        ),
-        (
-            "the system roots",
-            LockRuntime::builder().redis(url.as_str()),
-        ),
-    ])
-    .await;
+    certs::refuses_other_roots(|| LockRuntime::builder().redis(url.as_str()), other_ca).await;
 }
 
 /// Redlock over TLS: every master is a TLS-only server trusted through the private CA.
@@ -62,23 +45,12 @@ async fn redlock_over_tls() {
     let runtime = LockRuntime::builder()
         .redlock(urls.clone())
         .tls_root_cert_pem(ca)
-        .build()
-        .await
-        .expect("redlock over TLS");
-    let first = runtime
-        .lock("tls-quorum")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+        .built()
+        .await;
+    let first = runtime.take_default_ttl("tls-quorum").await;
     let first_fence = first.lease().fence();
     assert!(first.release().await.expect("release"));
-    let second = runtime
-        .lock("tls-quorum")
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let second = runtime.take_default_ttl("tls-quorum").await;
     assert!(second.lease().fence() > first_fence);
     second.release().await.expect("release");
     let err = LockRuntime::builder()
@@ -98,15 +70,10 @@ async fn redlock_over_tls() {
 /// refused at `build()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_over_tls() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    certs::ca(dir.path(), "ca");
-    certs::ca(dir.path(), "other-ca");
-    certs::server_cert(dir.path(), "ca");
+    let (dir, ca, other_ca) = certs::two_cas();
     let cluster = RedisCluster::start_tls(Some(dir.path()), 3);
     let urls = cluster.urls();
     assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
-    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
-    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
     let runtime = || {
         LockRuntime::builder()
             .redis_cluster(urls.clone())
@@ -116,18 +83,10 @@ async fn cluster_over_tls() {
     let a = runtime().await.expect("Cluster over TLS with the right CA");
     let b = runtime().await.expect("Cluster over TLS with the right CA");
     certs::renews_and_wakes(&a, &b).await;
-    certs::refused_for_the_certificate(vec![
-        (
-            "a wrong CA",
-            LockRuntime::builder()
-                .redis_cluster(urls.clone())
-                .tls_root_cert_pem(other_ca),
-        ),
-        (
-            "the system roots",
-            LockRuntime::builder().redis_cluster(urls.clone()),
-        ),
-    ])
+    certs::refuses_other_roots(
+        || LockRuntime::builder().redis_cluster(urls.clone()),
+        other_ca,
+    )
     .await;
 }
 
@@ -136,15 +95,10 @@ async fn cluster_over_tls() {
 /// they name over TLS, follows a failover there, and a wrong CA is refused at `build()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_over_tls() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    certs::ca(dir.path(), "ca");
-    certs::ca(dir.path(), "other-ca");
-    certs::server_cert(dir.path(), "ca");
+    let (dir, ca, other_ca) = certs::two_cas();
     let set = SentinelSet::start_tls(Some(dir.path()));
     let urls = set.sentinel_urls();
     assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
-    let ca = std::fs::read(dir.path().join("ca.crt")).expect("ca.crt");
-    let other_ca = std::fs::read(dir.path().join("other-ca.crt")).expect("other-ca.crt");
     let runtime = || {
         LockRuntime::builder()
             .redis_sentinel(&set.master_name, urls.clone())
@@ -159,13 +113,7 @@ async fn sentinel_over_tls() {
         .expect("Sentinel over TLS with the right CA");
     certs::renews_and_wakes(&a, &b).await;
     // Through a failover: the new master is reached over TLS as well.
-    let guard = a
-        .lock("tls-failover")
-        .ttl(Duration::from_secs(3))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = a.take("tls-failover", Duration::from_secs(3)).await;
     let before = guard.lease().fence();
     assert!(guard.release().await.expect("release"));
     let old_master = set.master_port();
@@ -187,17 +135,9 @@ async fn sentinel_over_tls() {
     };
     assert!(after.lease().fence() > before, "hybrid fences keep rising");
     assert!(after.release().await.expect("release on the new master"));
-    certs::refused_for_the_certificate(vec![
-        (
-            "a wrong CA",
-            LockRuntime::builder()
-                .redis_sentinel(&set.master_name, urls.clone())
-                .tls_root_cert_pem(other_ca),
-        ),
-        (
-            "the system roots",
-            LockRuntime::builder().redis_sentinel(&set.master_name, urls.clone()),
-        ),
-    ])
+    certs::refuses_other_roots(
+        || LockRuntime::builder().redis_sentinel(&set.master_name, urls.clone()),
+        other_ca,
+    )
     .await;
 }

@@ -3,6 +3,9 @@
 //! waiters wake after their subscription comes back; a wait ends by its deadline whatever the
 //! store does; waiting for a lock the task holds itself is never silent.
 
+use lock_tests::Built;
+use lock_tests::TakeFree;
+use lock_tests::proxied_redis;
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -26,13 +29,7 @@ async fn attempts_per_acquisition(runtimes: usize, tasks: usize, rounds: usize) 
     let mut handles = Vec::new();
     let mut all = Vec::new();
     for _ in 0..runtimes {
-        all.push(
-            LockRuntime::builder()
-                .redis(server.url())
-                .build()
-                .await
-                .expect("build"),
-        );
+        all.push(LockRuntime::builder().redis(server.url()).built().await);
     }
     let before = script_calls(&server).await;
     for runtime in &all {
@@ -79,17 +76,9 @@ async fn four_runtimes_wake_about_one_attempt_each_per_handoff() {
 
 /// Subscribers on the server for `channel` (PUBSUB NUMSUB).
 async fn subscribers(server: &RedisServer, channel: &str) -> i64 {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let (_, count): (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(&mut conn)
-        .await
-        .expect("PUBSUB NUMSUB");
+    let mut conn = server.conn().await;
+    let (_, count): (String, i64) =
+        lock_tests::query(&mut conn, ("PUBSUB", "NUMSUB", channel)).await;
     count
 }
 
@@ -100,35 +89,16 @@ async fn subscribers(server: &RedisServer, channel: &str) -> i64 {
 async fn a_waiter_that_gives_up_during_a_cut_leaves_no_subscription() {
     let server = RedisServer::start();
     let proxy = lock_tests::FaultProxy::start(server.port());
-    let holder = LockRuntime::builder()
-        .redis(server.url())
-        .build()
-        .await
-        .expect("build");
+    let holder = LockRuntime::builder().redis(server.url()).built().await;
     let waiting = LockRuntime::builder()
         .redis(proxy.url())
         .command_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("build");
-    let guard = holder
-        .lock("gave-up")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+        .built()
+        .await;
+    let guard = holder.take("gave-up", Duration::from_secs(30)).await;
     let channel = "lock:{gave-up}:released";
-    let waiter = tokio::spawn({
-        let waiting = waiting.clone();
-        async move {
-            waiting
-                .lock("gave-up")
-                .acquire_timeout(Duration::from_secs(2))
-                .await
-        }
-    });
+    let waiter = lock_tests::acquire_in_task(waiting.clone(), "gave-up", Duration::from_secs(2));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         subscribers(&server, channel).await,
@@ -158,15 +128,7 @@ async fn a_waiter_that_gives_up_during_a_cut_leaves_no_subscription() {
         "the given-up waiter's subscription was left on the server"
     );
     // The waiting runtime still works once the link is back.
-    let taken = tokio::spawn({
-        let waiting = waiting.clone();
-        async move {
-            waiting
-                .lock("gave-up")
-                .acquire_timeout(Duration::from_secs(10))
-                .await
-        }
-    });
+    let taken = lock_tests::acquire_in_task(waiting.clone(), "gave-up", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(guard.release().await.expect("release"));
     let taken = taken.await.expect("task").expect("the waiter gets it");
@@ -209,20 +171,14 @@ async fn a_redlock_waiter_rides_out_a_majority_outage() {
     let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
     let runtime = LockRuntime::builder()
         .redlock(servers.iter().map(RedisServer::url))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     for s in &mut servers[..3] {
         s.kill();
     }
     let waiter = {
         let runtime = runtime.clone();
-        tokio::spawn(async move {
-            runtime
-                .lock("majority-down")
-                .acquire_timeout(Duration::from_secs(15))
-                .await
-        })
+        lock_tests::acquire_in_task(runtime, "majority-down", Duration::from_secs(15))
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -347,42 +303,20 @@ async fn waiters_wake_after_the_subscriber_resubscribes() {
         .redis(proxy.url())
         .connect_timeout(Duration::from_secs(10))
         .command_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .expect("build");
+        .built()
+        .await;
     let holder = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let guard = holder
-        .lock("resubscribed")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = holder.take("resubscribed", Duration::from_secs(30)).await;
     let waiter = {
         let waiting = waiting.clone();
-        tokio::spawn(async move {
-            waiting
-                .lock("resubscribed")
-                .acquire_timeout(Duration::from_secs(20))
-                .await
-        })
+        lock_tests::acquire_in_task(waiting, "resubscribed", Duration::from_secs(20))
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Only the subscriber connection drops, and its reconnect is slow (1 s each way); the
     // command connection stays up, so the waiter's wake-up attempt finds the lock held.
     proxy.set_new_connection_latency(Duration::from_secs(1));
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .expect("CLIENT KILL");
+    let mut conn = server.conn().await;
+    let killed: i64 = lock_tests::query(&mut conn, ("CLIENT", "KILL", "TYPE", "pubsub")).await;
     assert_eq!(killed, 1, "the waiter's subscriber connection");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let released_at = Instant::now();
@@ -408,10 +342,7 @@ async fn waiters_wake_after_the_subscriber_resubscribes() {
 /// reachable again wakes the waiter within seconds, not at the holder's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_wake_after_a_long_outage() {
-    let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let waiting = redis_runtime(proxy.url(), Duration::from_millis(500)).await;
-    let holder = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let (_server, proxy, waiting, holder) = proxied_redis(Duration::from_millis(500)).await;
     wake::waiter_wakes_after_an_outage(&waiting, &holder, "long-outage", |down| {
         proxy.refuse(down);
         if down {

@@ -1,6 +1,7 @@
 //! The operators' calls, `LockRuntime::list` and `LockRuntime::force_release` (what lockctl
 //! shows and does), on every store.
 
+use crate::short::{Free, two_runtimes};
 use std::time::Duration;
 
 use lock_runtime::LockInfo;
@@ -14,18 +15,10 @@ use crate::Harness;
 /// the fence keeps rising; a forced release naming an earlier holder's fence leaves the new
 /// holder alone.
 pub async fn list_and_force_release<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let take = |key: &'static str, ttl: Duration| {
         let a = a.clone();
-        async move {
-            a.lock(key)
-                .ttl(ttl)
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .expect("free")
-        }
+        async move { a.lock(key).ttl(ttl).try_acquire().await.free() }
     };
     let one = take("ops:one", Duration::from_secs(3)).await;
     let two = take("ops:two", Duration::from_secs(20)).await;

@@ -3,6 +3,7 @@
 //! lost, `max_hold` as a hard cap. The review's own tests ran them on two stores; here every
 //! store runs them, since each store answers the calls they depend on in its own way.
 
+use crate::short::{Free, two_runtimes};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockRuntime};
@@ -49,8 +50,7 @@ pub async fn shutdown_ends_waiters<H: Harness>(store: &H) {
         .ttl(Duration::from_secs(30))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let waiter = {
         let waiting = waiting.clone();
         tokio::spawn(async move { waiting.lock("sd-wait").acquire().await })
@@ -87,15 +87,13 @@ pub async fn shutdown_ends_waiters<H: Harness>(store: &H) {
 /// renewed (and stays exclusive) through the grace period, and shutdown returns once it is
 /// released (finding 4: shutdown once released locks while their jobs still ran).
 pub async fn shutdown_lets_running_jobs_finish<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let guard = a
         .lock("sd-job")
         .ttl(Duration::from_secs(1))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     let shutting = {
         let a = a.clone();
         tokio::spawn(async move { a.shutdown().await })
@@ -131,8 +129,7 @@ pub async fn shutdown_lets_running_jobs_finish<H: Harness>(store: &H) {
 /// releases the lock, so no job runs on while another instance holds the lock; then it
 /// releases everything and keeps refusing requests.
 pub async fn shutdown_releases_everything<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let mut held = Vec::new();
     for key in ["sd-1", "sd-2"] {
         let guard = a
@@ -140,8 +137,7 @@ pub async fn shutdown_releases_everything<H: Harness>(store: &H) {
             .ttl(Duration::from_secs(30))
             .try_acquire()
             .await
-            .expect("acquire")
-            .expect("free");
+            .free();
         held.push(guard);
     }
     let shutting = {
@@ -182,16 +178,14 @@ pub async fn shutdown_releases_everything<H: Harness>(store: &H) {
 /// back, and it is not held; a lease released in time is neither held nor lost (finding 12:
 /// a late renewal once made a lost lease valid again).
 pub async fn lost_stays_lost<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let guard = a
         .lock("lost-stays")
         .ttl(Duration::from_millis(600))
         .watchdog(false)
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.lease().is_held() && !guard.lease().is_lost());
     tokio::time::timeout(Duration::from_secs(5), guard.lease().lost())
         .await
@@ -221,8 +215,7 @@ pub async fn lost_stays_lost<H: Harness>(store: &H) {
 /// more keeps the record past it, and the holder knows before anyone else can take the lock
 /// (finding 13: the last renewal once took a lease up to a ttl past max_hold).
 pub async fn max_hold_is_a_hard_cap<H: Harness>(store: &H) {
-    let a = store.runtime().await;
-    let b = store.runtime().await;
+    let (a, b) = two_runtimes(store).await;
     let started = Instant::now();
     // Renewals every 2 s: uncapped, the one at 6 s would keep the record to 12 s.
     let guard = a
@@ -231,8 +224,7 @@ pub async fn max_hold_is_a_hard_cap<H: Harness>(store: &H) {
         .max_hold(Duration::from_secs(7))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(
         guard.extend(Duration::from_secs(60)).await.expect("extend"),
         "an extend within max_hold is granted, cut to what is left of it"
@@ -267,8 +259,7 @@ pub async fn renewals_never_shorten_an_extended_lease<H: Harness>(store: &H) {
         .ttl(Duration::from_secs(1))
         .try_acquire()
         .await
-        .expect("acquire")
-        .expect("free");
+        .free();
     assert!(guard.extend(Duration::from_secs(30)).await.expect("extend"));
     // Renewals every third of the ttl, each asking for 1 s.
     tokio::time::sleep(Duration::from_millis(1500) + store.clock_granularity()).await;

@@ -9,38 +9,16 @@
 //!     cargo run -p lock-examples --example multi_process
 //! ```
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use lock_tests::PostgresServer;
+use lock_tests::with_server::run_with_server;
 
 fn main() -> ExitCode {
-    let mut args = std::env::args_os().skip(1);
-    let Some(program) = args.next() else {
-        eprintln!("usage: with_postgres COMMAND [ARGS...]");
-        return ExitCode::from(2);
-    };
-    let server = PostgresServer::start();
-    let status = Command::new(&program)
-        .args(args)
-        .env("DATABASE_URL", server.url())
-        .status();
-    // Stopped (by its PID) before this process exits, whatever the command did.
-    drop(server);
-    match status {
-        Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(status) => {
-            eprintln!(
-                "with_postgres: {} ended with {status}",
-                program.to_string_lossy()
-            );
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!(
-                "with_postgres: cannot run {}: {e}",
-                program.to_string_lossy()
-            );
-            ExitCode::FAILURE
-        }
-    }
+    run_with_server(
+        "with_postgres",
+        PostgresServer::start,
+        "DATABASE_URL",
+        |server| server.url(),
+    )
 }

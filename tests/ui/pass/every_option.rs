@@ -88,33 +88,28 @@ async fn field_placeholder(order: &Order) -> Option<String> {
     Some(current_lease()?.key().to_owned())
 }
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let locks = LockRuntime::builder()
+        .memory(MemoryStore::new())
         .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
-        let locks = LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .build()
-            .await
-            .expect("build");
-        locks
-            .scope(async {
-                skip_unit(7).await;
-                assert_eq!(wait_alias().await.expect("ran"), 1);
-                assert_eq!(wait_forever().await.expect("ran"), 2);
-                assert_eq!(error_policy().await.expect("ran"), "three");
-                assert!(option_return().await.is_some_and(|fence| fence > 0));
-                assert_eq!(once_per_day("monday").await.expect("ran"), Some(6));
-                assert_eq!(once_per_day("monday").await.expect("skipped"), None);
-                assert_eq!(generic(&5).await.expect("ran"), "5");
-                let mut account = Account { id: 1, balance: 10 };
-                assert_eq!(account.read().await, Some(10));
-                assert_eq!(account.credit(5).await.expect("ran"), 15);
-                let order = Order { id: Id(9) };
-                assert_eq!(field_placeholder(&order).await.as_deref(), Some("order:id-9"));
-            })
-            .await;
-    });
+        .await
+        .expect("build");
+    locks
+        .scope(async {
+            skip_unit(7).await;
+            assert_eq!(wait_alias().await.expect("ran"), 1);
+            assert_eq!(wait_forever().await.expect("ran"), 2);
+            assert_eq!(error_policy().await.expect("ran"), "three");
+            assert!(option_return().await.is_some_and(|fence| fence > 0));
+            assert_eq!(once_per_day("monday").await.expect("ran"), Some(6));
+            assert_eq!(once_per_day("monday").await.expect("skipped"), None);
+            assert_eq!(generic(&5).await.expect("ran"), "5");
+            let mut account = Account { id: 1, balance: 10 };
+            assert_eq!(account.read().await, Some(10));
+            assert_eq!(account.credit(5).await.expect("ran"), 15);
+            let order = Order { id: Id(9) };
+            assert_eq!(field_placeholder(&order).await.as_deref(), Some("order:id-9"));
+        })
+        .await;
 }

@@ -14,13 +14,8 @@ async fn as_option() -> Option<()> {
     panic!("the body must not run without a runtime");
 }
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
-        assert!(matches!(as_result().await, Err(LockError::NotConfigured)));
-        assert_eq!(as_option().await, None);
-    });
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    assert!(matches!(as_result().await, Err(LockError::NotConfigured)));
+    assert_eq!(as_option().await, None);
 }

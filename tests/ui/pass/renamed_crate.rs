@@ -8,17 +8,12 @@ async fn job() -> Option<u32> {
     Some(1)
 }
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let rt = locks::LockRuntime::builder()
+        .memory(locks::MemoryStore::new())
         .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async {
-        let rt = locks::LockRuntime::builder()
-            .memory(locks::MemoryStore::new())
-            .build()
-            .await
-            .expect("build");
-        assert_eq!(rt.scope(job()).await, Some(1));
-    });
+        .await
+        .expect("build");
+    assert_eq!(rt.scope(job()).await, Some(1));
 }
