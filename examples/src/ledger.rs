@@ -46,8 +46,8 @@ pub enum Ledger {
 #[derive(Debug, Default)]
 pub struct MemoryLedger {
     posted: HashMap<String, String>,
-    /// The highest fence seen per date (fences increase per lock key, and the key is per
-    /// date), with the lock token that wrote it.
+    /// The highest fence seen per date (fences increase per lock key, so a date's writers
+    /// are ordered by theirs), with the lock token that wrote it.
     highest_fence: HashMap<String, (u64, String)>,
 }
 
@@ -74,8 +74,8 @@ impl Ledger {
                      date text PRIMARY KEY, fence bigint NOT NULL, token text NOT NULL);
                  CREATE TABLE IF NOT EXISTS demo_interest_postings (
                      date text PRIMARY KEY, posted_by text NOT NULL);
-                 DELETE FROM demo_interest_fences WHERE date LIKE '2026-12-%';
-                 DELETE FROM demo_interest_postings WHERE date LIKE '2026-12-%';",
+                 DELETE FROM demo_interest_fences WHERE date LIKE 'night-%';
+                 DELETE FROM demo_interest_postings WHERE date LIKE 'night-%';",
             )
             .await?;
         Ok(Ledger::Postgres(Arc::new(tokio::sync::Mutex::new(client))))
@@ -199,7 +199,7 @@ impl Ledger {
                     .lock()
                     .await
                     .query_one(
-                        "SELECT count(*) FROM demo_interest_postings WHERE date LIKE '2026-12-%'",
+                        "SELECT count(*) FROM demo_interest_postings WHERE date LIKE 'night-%'",
                         &[],
                     )
                     .await?

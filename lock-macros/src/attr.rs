@@ -14,8 +14,8 @@ const OPTIONS: &str =
 
 /// One `name = value` pair as written.
 pub(crate) struct RawOption {
-    name: Ident,
-    value: Lit,
+    pub(crate) name: Ident,
+    pub(crate) value: Lit,
 }
 
 impl Parse for RawOption {
@@ -96,7 +96,7 @@ struct Builder {
     krate: Option<syn::Path>,
 }
 
-fn string_of(name: &Ident, value: &Lit) -> syn::Result<LitStr> {
+pub(crate) fn string_of(name: &Ident, value: &Lit) -> syn::Result<LitStr> {
     match value {
         Lit::Str(s) => Ok(s.clone()),
         other => Err(syn::Error::new_spanned(
@@ -106,7 +106,7 @@ fn string_of(name: &Ident, value: &Lit) -> syn::Result<LitStr> {
     }
 }
 
-fn duration_of(name: &Ident, value: &Lit) -> syn::Result<Millis> {
+pub(crate) fn duration_of(name: &Ident, value: &Lit) -> syn::Result<Millis> {
     let text = string_of(name, value)?;
     let ms = parse_millis(&text.value())
         .map_err(|message| syn::Error::new_spanned(&text, format!("`{name}`: {message}")))?;
@@ -116,7 +116,15 @@ fn duration_of(name: &Ident, value: &Lit) -> syn::Result<Millis> {
     })
 }
 
-fn set_once<T>(slot: &mut Option<T>, name: &Ident, value: T) -> syn::Result<()> {
+/// The `crate = ".."` option: the runtime crate's path when it is renamed.
+pub(crate) fn crate_of(name: &Ident, value: &Lit) -> syn::Result<syn::Path> {
+    let text = string_of(name, value)?;
+    text.parse().map_err(|_| {
+        syn::Error::new_spanned(&text, "`crate` takes a path, e.g. `crate = \"my_locks\"`")
+    })
+}
+
+pub(crate) fn set_once<T>(slot: &mut Option<T>, name: &Ident, value: T) -> syn::Result<()> {
     if slot.is_some() {
         return Err(syn::Error::new_spanned(
             name,
@@ -205,16 +213,7 @@ impl Builder {
                     "`watchdog` takes `true` or `false`",
                 )),
             },
-            "crate" => {
-                let text = string_of(name, value)?;
-                let path: syn::Path = text.parse().map_err(|_| {
-                    syn::Error::new_spanned(
-                        &text,
-                        "`crate` takes a path, e.g. `crate = \"my_locks\"`",
-                    )
-                })?;
-                set_once(&mut self.krate, name, path)
-            }
+            "crate" => set_once(&mut self.krate, name, crate_of(name, value)?),
             other => Err(syn::Error::new_spanned(
                 name,
                 format!("unknown option `{other}`; valid options are: {OPTIONS}"),

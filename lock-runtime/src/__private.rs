@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::context::{held_lease, with_lease};
 use crate::request::TryOutcome;
+use crate::schedule::marker::{self, Report};
 use crate::{Lease, LockError, LockRuntime};
 
 /// Makes the runtime's retry jitter on this thread a function of `seed` (None: random again),
@@ -352,6 +353,8 @@ where
         }
         return Outcome::Ran(result);
     }
+    // A scheduled job's firing: its marker is claimed once the lock is held.
+    let firing = crate::schedule::marker::current();
     let mut request = runtime
         .lock(spec.key.clone())
         .min_hold(Duration::from_millis(spec.min_hold_ms))
@@ -373,9 +376,22 @@ where
         Contention::Skip | Contention::Error => {
             match Box::pin(request.try_acquire_detailed()).await {
                 Ok(TryOutcome::Acquired(guard)) => guard,
-                Ok(TryOutcome::Done) => return Outcome::Skipped,
+                Ok(TryOutcome::Done) => {
+                    if let Some(firing) = &firing {
+                        firing.report(Report::AlreadyRun);
+                    }
+                    return Outcome::Skipped;
+                }
                 Ok(TryOutcome::Held) if spec.contention == Contention::Skip => {
                     tracing::debug!(key = %spec.key, "lock held elsewhere; skipping");
+                    if let Some(firing) = &firing {
+                        let owner = Box::pin(runtime.inspect(&spec.key))
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(|info| info.owner);
+                        firing.report(Report::HeldBy(owner));
+                    }
                     return Outcome::Skipped;
                 }
                 Ok(TryOutcome::Held) => {
@@ -398,6 +414,24 @@ where
             }
         }
     };
+    let marker = match &firing {
+        None => None,
+        Some(firing) => match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
+            Ok(Some(marker)) => Some(marker),
+            Ok(None) => {
+                firing.report(Report::AlreadyRun);
+                let _ = Box::pin(guard.release()).await;
+                return Outcome::Skipped;
+            }
+            Err(e) => {
+                let _ = Box::pin(guard.release()).await;
+                return Outcome::Failed(e);
+            }
+        },
+    };
+    if let Some(firing) = &firing {
+        firing.report(Report::Ran);
+    }
     let lease = guard.lease().clone();
     span.record("fence", lease.fence());
     let body = with_lease(lease.clone(), body);
@@ -424,10 +458,23 @@ where
         // The body future is dropped here, before the release the guard's drop starts.
         tracing::warn!(key = %spec.key, fence = lease.fence(), "lease lost; the locked body was stopped");
         drop(guard);
+        if let (Some(firing), Some(marker)) = (&firing, marker) {
+            firing.report(Report::Lost);
+            // The firing ran in part: done, unless the job asks for crashed runs to be
+            // retried (then the marker is given back and another instance may run it).
+            if firing.retry_crashed {
+                let _ = Box::pin(marker.release()).await;
+            } else {
+                Box::pin(marker::done(&spec.key, marker)).await;
+            }
+        }
         return Outcome::Failed(LockError::Lost {
             key: spec.key.clone(),
         });
     };
+    if let Some(marker) = marker {
+        Box::pin(marker::done(&spec.key, marker)).await;
+    }
     let once = spec.once_ms.is_some() && succeeded(&result);
     let released = if once {
         Box::pin(guard.complete()).await
@@ -454,4 +501,92 @@ where
         }
     }
     Outcome::Ran(result)
+}
+
+/// The registry of `#[scheduled]` fns: one entry per fn, placed by the linker.
+pub use linkme;
+
+/// Every `#[scheduled]` fn linked into the binary.
+#[linkme::distributed_slice]
+pub static SCHEDULED: [ScheduledJob];
+
+/// One `#[scheduled]` fn, as the attribute registers it (its options already checked).
+#[derive(Debug)]
+pub struct ScheduledJob {
+    /// The job's name.
+    pub name: &'static str,
+    /// The cron expression, or `None` with `every_ms`.
+    pub cron: Option<&'static str>,
+    /// The IANA time zone of `cron`.
+    pub tz: &'static str,
+    /// The fixed rate, or `None` with `cron`.
+    pub every_ms: Option<u64>,
+    /// `catch_up = "last"`: the window in which a missed firing is still run at start-up.
+    pub catch_up_within_ms: Option<u64>,
+    /// `local = true`: no lock, runs on every instance.
+    pub local: bool,
+    /// `retry_crashed = true`.
+    pub retry_crashed: bool,
+    /// Calls the fn.
+    pub run: fn() -> JobFuture,
+}
+
+/// A scheduled fn's call, boxed.
+pub type JobFuture = std::pin::Pin<Box<dyn Future<Output = JobEnd> + Send>>;
+
+/// How a scheduled fn's value ended its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobEnd {
+    /// `()`, `Ok(..)` or `Some(..)`.
+    Ok,
+    /// `Err(e)`, with `e`'s text (at most 1,000 characters).
+    Failed(String),
+    /// `None`: a skip or a lock error, which the firing's report tells apart.
+    NoValue,
+}
+
+/// A return type a scheduled fn may have.
+#[diagnostic::on_unimplemented(
+    message = "a `#[scheduled]` fn returns `()`, `Option<T>` or `Result<T, E>` with `E: Display`, not `{Self}`",
+    label = "the scheduler cannot tell from a `{Self}` how the run ended"
+)]
+pub trait JobReturn {
+    /// How the run ended.
+    fn job_end(&self) -> JobEnd;
+}
+
+impl JobReturn for () {
+    fn job_end(&self) -> JobEnd {
+        JobEnd::Ok
+    }
+}
+
+impl<T> JobReturn for Option<T> {
+    fn job_end(&self) -> JobEnd {
+        match self {
+            Some(_) => JobEnd::Ok,
+            None => JobEnd::NoValue,
+        }
+    }
+}
+
+impl<T, E: Display> JobReturn for Result<T, E> {
+    fn job_end(&self) -> JobEnd {
+        match self {
+            Ok(_) => JobEnd::Ok,
+            Err(e) => {
+                let mut text = e.to_string();
+                if let Some((cut, _)) = text.char_indices().nth(1000) {
+                    text.truncate(cut);
+                    text.push('…');
+                }
+                JobEnd::Failed(text)
+            }
+        }
+    }
+}
+
+/// How a scheduled fn's run ended, from its value.
+pub fn job_end<R: JobReturn>(value: &R) -> JobEnd {
+    value.job_end()
 }

@@ -66,6 +66,7 @@ mod lease;
 pub mod metrics;
 mod request;
 mod runtime;
+mod schedule;
 pub mod store;
 mod watchdog;
 
@@ -110,8 +111,56 @@ pub use lease::{Lease, LockInfo};
 /// call in the same task for a key it already holds runs directly (re-entrant). Inside the
 /// body, [`current_lease`] gives the lease and its fence.
 pub use lock_macros::distributed_lock;
+/// Fires an async fn without parameters on a schedule; with [`distributed_lock`] below it,
+/// each firing runs on one instance only. [`Scheduler`] runs the jobs.
+///
+/// ```standalone_crate
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// use lock_runtime::{distributed_lock, scheduled, LockRuntime, MemoryStore, Scheduler};
+///
+/// static RUNS: AtomicU32 = AtomicU32::new(0);
+///
+/// #[scheduled(cron = "0 0 2 * * *", tz = "Europe/Berlin")]
+/// #[distributed_lock(key = "interest-posting", ttl = "60s")]
+/// async fn post_daily_interest() -> Result<(), lock_runtime::LockError> {
+///     RUNS.fetch_add(1, Ordering::SeqCst);
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// // Two instances on one store, from noon on 1 December 2026 for ten days on tokio's
+/// // paused clock: ten postings.
+/// let store = MemoryStore::new();
+/// let a = LockRuntime::builder().memory(store.clone()).build().await?;
+/// let b = LockRuntime::builder().memory(store).build().await?;
+/// let noon = UNIX_EPOCH + Duration::from_secs(1_796_126_400);
+/// let ten_days = || tokio::time::sleep(Duration::from_secs(10 * 86_400));
+/// let instance = |runtime| Scheduler::new(runtime).only(["post_daily_interest"]).wall_clock_from(noon);
+/// let (ra, rb) = tokio::join!(
+///     instance(a).run_until(ten_days()),
+///     instance(b).run_until(ten_days()),
+/// );
+/// ra?;
+/// rb?;
+/// assert_eq!(RUNS.load(Ordering::SeqCst), 10);
+/// # Ok(()) }
+/// ```
+///
+/// Options: `cron` (five fields, or six with seconds first) or `every` (a fixed rate such as
+/// `"5m"`, firings at multiples of it since the Unix epoch); `tz` (an IANA zone for `cron`;
+/// default UTC); `catch_up` (`"skip"`, the default, or `"last"`: at start-up, run the last
+/// missed firing if it is younger than `catch_up_window`, default 24 h); `name` (default the
+/// fn's name); `local = true` (no lock: runs on every instance; only without
+/// `#[distributed_lock]`); `retry_crashed = true` (a firing whose run crashed may be run by an
+/// instance that reaches it later); `crate`. Every mistake is a compile error on its token.
+/// What a firing does, and the clock skew it tolerates ([`SKEW_BOUND`]), are in
+/// `docs/scheduling.md`.
+pub use lock_macros::scheduled;
 pub use request::LockRequest;
 pub use runtime::LockRuntime;
+pub use schedule::{Firing, JobInfo, MARKER_LIFE, SKEW_BOUND, Scheduler, current_firing};
 #[cfg(feature = "etcd")]
 pub use store::EtcdStore;
 #[cfg(feature = "postgres")]
@@ -127,3 +176,8 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/operations.md")]
 pub struct OperationsDoctests;
+
+/// The same for the scheduled jobs' page.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/scheduling.md")]
+pub struct SchedulingDoctests;

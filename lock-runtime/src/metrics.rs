@@ -13,14 +13,25 @@
 //! | `distributed_lock_wait_seconds` | histogram | time from the request to holding the lock, for waiting acquires |
 //! | `distributed_lock_hold_seconds` | histogram | time from acquiring to releasing |
 //! | `distributed_lock_leases_held` | gauge | leases held right now |
+//! | `scheduled_firings_total` | counter | firings of a scheduled job, by `job` and `outcome` (`ok`, `failed`, `panicked`, `skipped_held`, `skipped_done`, `lost`) |
+//! | `scheduled_run_seconds` | histogram | how long a firing's run took (`ok` and `failed` ones), by `job` |
 //!
-//! Every metric has the label `key`: the lock key, or what the runtime's
+//! Every `distributed_lock_*` metric has the label `key` (the `scheduled_*` ones have `job`): the lock key, or what the runtime's
 //! [`metrics_key_label`](crate::LockRuntimeBuilder::metrics_key_label) function makes of it,
 //! to keep label cardinality bounded when keys are built from arguments.
 
 #[cfg(feature = "metrics")]
 mod enabled {
     use std::time::Duration;
+
+    pub(crate) fn firing(job: &str, outcome: &str, took: Duration) {
+        metrics::counter!("scheduled_firings_total", "job" => job.to_owned(), "outcome" => outcome.to_owned())
+            .increment(1);
+        if outcome == "ok" || outcome == "failed" {
+            metrics::histogram!("scheduled_run_seconds", "job" => job.to_owned())
+                .record(took.as_secs_f64());
+        }
+    }
 
     pub(crate) fn attempt(label: &str) {
         metrics::counter!("distributed_lock_attempts_total", "key" => label.to_owned())
@@ -65,6 +76,8 @@ mod enabled {
 mod enabled {
     use std::time::Duration;
 
+    #[inline]
+    pub(crate) fn firing(_: &str, _: &str, _: Duration) {}
     #[inline]
     pub(crate) fn attempt(_: &str) {}
     #[inline]

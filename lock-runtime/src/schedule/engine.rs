@@ -1,0 +1,323 @@
+//! The engine: one loop per job on `tokio::time`, each firing in a task of its own, and the
+//! report of every firing (a tracing event in the firing's span, and metrics).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::task::JoinHandle;
+
+use super::MARKER_LIFE;
+use super::clock::Clock;
+use super::marker::{self, FiringContext, Report};
+use super::spec::Schedule;
+use crate::__private::{JobEnd, SCHEDULED, ScheduledJob};
+use crate::{LockError, LockRuntime};
+
+/// The longest the loop sleeps before it reads the wall clock again (a clock set while it
+/// sleeps is noticed within this).
+const REREAD: Duration = Duration::from_secs(60);
+
+/// A registered job, as [`crate::Scheduler::jobs`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// The job's name.
+    pub name: String,
+    /// Its schedule, e.g. `cron "0 0 2 * * *" in Europe/Berlin` or `every 5s`.
+    pub schedule: String,
+    /// Its next firing after now (`None`: it has no further firing).
+    pub next: Option<SystemTime>,
+    /// `local = true`: it runs on every instance, without a lock.
+    pub local: bool,
+}
+
+/// A job with its schedule checked.
+#[derive(Debug)]
+pub(crate) struct Job {
+    def: &'static ScheduledJob,
+    schedule: Schedule,
+}
+
+impl Job {
+    pub(crate) fn info(&self, now: SystemTime) -> JobInfo {
+        JobInfo {
+            name: self.def.name.to_owned(),
+            schedule: self.schedule.to_string(),
+            next: self.schedule.next_after(now),
+            local: self.def.local,
+        }
+    }
+
+    /// How long this job's firing markers are kept.
+    fn marker_life(&self) -> Duration {
+        match self.def.catch_up_within_ms {
+            Some(ms) => MARKER_LIFE.max(Duration::from_millis(ms)),
+            None => MARKER_LIFE,
+        }
+    }
+}
+
+/// The registered jobs, or those named in `only`, by name.
+pub(crate) fn select(only: Option<&[String]>) -> Result<Vec<Job>, LockError> {
+    let mut jobs = Vec::new();
+    for def in SCHEDULED.iter() {
+        if only.is_some_and(|names| !names.iter().any(|n| n == def.name)) {
+            continue;
+        }
+        let schedule = match (def.cron, def.every_ms) {
+            (Some(cron), _) => Schedule::cron(cron, def.tz),
+            (None, Some(ms)) => Schedule::every(Duration::from_millis(ms)),
+            (None, None) => Err("neither cron nor every".to_owned()),
+        }
+        .map_err(|e| LockError::Config(format!("scheduled job `{}`: {e}", def.name)))?;
+        jobs.push(Job { def, schedule });
+    }
+    if SCHEDULED.is_empty() {
+        return Err(LockError::Config(
+            "no #[scheduled] fn is linked into this binary".to_owned(),
+        ));
+    }
+    if let Some(names) = only {
+        for name in names {
+            if !jobs.iter().any(|j| j.def.name == name) {
+                let mut known: Vec<&str> = SCHEDULED.iter().map(|d| d.name).collect();
+                known.sort_unstable();
+                return Err(LockError::Config(format!(
+                    "no scheduled job is named `{name}` (the jobs: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+    }
+    let mut names: Vec<&str> = jobs.iter().map(|j| j.def.name).collect();
+    names.sort_unstable();
+    if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(LockError::Config(format!(
+            "two scheduled jobs are named `{}`: give one a `name = \"..\"`",
+            pair[0]
+        )));
+    }
+    jobs.sort_by_key(|j| j.def.name);
+    Ok(jobs)
+}
+
+/// Runs the jobs until `signal`, then shuts down as [`crate::Scheduler::run_until`] says.
+pub(crate) async fn run<F: Future>(
+    runtime: LockRuntime,
+    jobs: Vec<Job>,
+    start: Option<SystemTime>,
+    signal: F,
+) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let clock = Clock::new(start);
+    // Dropped (the caller's future cancelled): every loop and its running firing stop, and
+    // their locks are released in the background as their guards drop.
+    let mut loops: Vec<Aborting<Option<Aborting<()>>>> = jobs
+        .into_iter()
+        .map(|job| {
+            let runtime = runtime.clone();
+            let clock = clock.clone();
+            let stopped = stopped.clone();
+            Aborting(tokio::spawn(job_loop(
+                runtime,
+                Arc::new(job),
+                clock,
+                stopped,
+            )))
+        })
+        .collect();
+    signal.await;
+    let _ = stop.send(true);
+    let mut running = Vec::new();
+    for handle in &mut loops {
+        if let Ok(Some(firing)) = (&mut handle.0).await {
+            running.push(firing);
+        }
+    }
+    // The runtime's shutdown gives the running jobs its grace period to finish and release;
+    // what still runs after it has no lease any more and is stopped.
+    runtime.shutdown().await;
+    for firing in &mut running {
+        firing.0.abort();
+        let _ = (&mut firing.0).await;
+    }
+}
+
+/// A task that is aborted when its handle is dropped.
+struct Aborting<T>(JoinHandle<T>);
+
+impl<T> Drop for Aborting<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Aborting<T> {
+    fn is_running(&self) -> bool {
+        !self.0.is_finished()
+    }
+}
+
+/// One job's loop: sleep to the next firing, fire it in a task of its own, and so on until
+/// the stop; returns the firing still running then.
+async fn job_loop(
+    runtime: LockRuntime,
+    job: Arc<Job>,
+    mut clock: Clock,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> Option<Aborting<()>> {
+    let mut running: Option<Aborting<()>> = None;
+    let mut after = clock.now();
+    if let Some(window) = job.def.catch_up_within_ms.map(Duration::from_millis)
+        && let Some(last) = job.schedule.last_at_or_before(after)
+        && after.duration_since(last).unwrap_or(Duration::ZERO) <= window
+    {
+        tracing::info!(
+            job = job.def.name,
+            "catching up on the last firing (catch_up = \"last\")"
+        );
+        running = Some(Aborting(tokio::spawn(fire(
+            runtime.clone(),
+            job.clone(),
+            last,
+        ))));
+    }
+    loop {
+        let Some(next) = job.schedule.next_after(after) else {
+            tracing::info!(job = job.def.name, "the job has no further firing");
+            return running;
+        };
+        loop {
+            let now = clock.now();
+            if now >= next {
+                break;
+            }
+            let wait = next
+                .duration_since(now)
+                .unwrap_or(Duration::ZERO)
+                .min(REREAD);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stopped.wait_for(|stop| *stop) => return running,
+            }
+        }
+        if *stopped.borrow() {
+            return running;
+        }
+        after = next;
+        if running.as_ref().is_some_and(Aborting::is_running) {
+            report(
+                &runtime,
+                &job,
+                next,
+                &Ended::StillRunningHere,
+                Duration::ZERO,
+            );
+            continue;
+        }
+        running = Some(Aborting(tokio::spawn(fire(
+            runtime.clone(),
+            job.clone(),
+            next,
+        ))));
+    }
+}
+
+/// How a firing ended, for the report.
+#[derive(Debug)]
+enum Ended {
+    Ok,
+    Failed(String),
+    Panicked(String),
+    HeldBy(Option<String>),
+    AlreadyRun,
+    Lost,
+    StillRunningHere,
+}
+
+impl Ended {
+    fn label(&self) -> &'static str {
+        match self {
+            Ended::Ok => "ok",
+            Ended::Failed(_) => "failed",
+            Ended::Panicked(_) => "panicked",
+            Ended::HeldBy(_) | Ended::StillRunningHere => "skipped_held",
+            Ended::AlreadyRun => "skipped_done",
+            Ended::Lost => "lost",
+        }
+    }
+}
+
+/// Runs one firing: the job's fn in a task of its own (a panic ends that task only), as the
+/// firing `at`, on `runtime`.
+async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
+    let ctx = FiringContext::new(job.def.name, at, job.marker_life(), job.def.retry_crashed);
+    let started = tokio::time::Instant::now();
+    let body = runtime.scope(marker::scope(ctx.clone(), (job.def.run)()));
+    // A firing stopped at shutdown stops its body too.
+    let mut task = Aborting(tokio::spawn(body));
+    let joined = (&mut task.0).await;
+    let ended = match joined {
+        Err(e) if e.is_panic() => Ended::Panicked(panic_text(e.into_panic())),
+        Err(_) => Ended::Failed("stopped at shutdown".to_owned()),
+        Ok(end) => match (ctx.reported(), end) {
+            (Some(Report::HeldBy(owner)), _) => Ended::HeldBy(owner),
+            (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
+            (Some(Report::Lost), _) => Ended::Lost,
+            (_, JobEnd::Failed(text)) => Ended::Failed(text),
+            (Some(Report::Ran), _) => Ended::Ok,
+            (None, _) if job.def.local => Ended::Ok,
+            // The locked call did not get as far as the lock (no runtime, a store error) and
+            // its value could not say so (`()` or `None`): the error is in the log.
+            (None, _) => {
+                Ended::Failed("the job's lock could not be taken (see the log)".to_owned())
+            }
+        },
+    };
+    report(&runtime, &job, at, &ended, started.elapsed());
+}
+
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic".to_owned()
+    }
+}
+
+/// One event per firing, in a span naming the job, its firing and this instance.
+fn report(runtime: &LockRuntime, job: &Job, at: SystemTime, ended: &Ended, took: Duration) {
+    let at_ms = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let span = tracing::info_span!(
+        "firing",
+        job = job.def.name,
+        scheduled_at_ms = at_ms,
+        instance = runtime.owner(),
+        outcome = ended.label(),
+    );
+    let _entered = span.enter();
+    match ended {
+        Ended::Ok => tracing::info!(took_ms = took.as_millis() as u64, "ran"),
+        Ended::Failed(e) => {
+            tracing::warn!(error = %e, took_ms = took.as_millis() as u64, "ran and failed")
+        }
+        Ended::Panicked(e) => {
+            tracing::error!(panic = %e, "the job panicked; the scheduler goes on")
+        }
+        Ended::HeldBy(Some(owner)) => {
+            tracing::info!(holder = %owner, "skipped: the job's lock is held (the previous run still runs)")
+        }
+        Ended::HeldBy(None) => {
+            tracing::info!("skipped: the job's lock is held (the previous run still runs)")
+        }
+        Ended::StillRunningHere => {
+            tracing::info!("skipped: the previous run still runs on this instance")
+        }
+        Ended::AlreadyRun => tracing::info!("skipped: another instance has run this firing"),
+        Ended::Lost => tracing::warn!("the job lost its lock while it ran and was stopped"),
+    }
+    crate::metrics::firing(job.def.name, ended.label(), took);
+}
