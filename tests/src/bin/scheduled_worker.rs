@@ -1,0 +1,75 @@
+//! One instance of the scheduled-jobs process test: a `#[scheduled(every = "1s")]` +
+//! `#[distributed_lock]` job that runs 50 ms, fired by a `Scheduler` for a given time, on the
+//! store at `LOCK_URL`. Run under `faketime` to give the instance a clock of its own. Each run
+//! appends `run <firing ms> <owner>` to the log (one `write` of a short line on a file opened
+//! for appending, so lines of several processes never mix), and the worker writes
+//! `start <owner> <its wall clock in ms>` first and `done <owner>` last.
+//!
+//! Usage: `scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH`
+//! (`LOCK_URL`: `redis://..`, `postgres://..`, or `etcd:` and the endpoints separated by commas)
+
+use std::io::Write;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use lock_runtime::{
+    LockError, LockRuntime, Scheduler, current_firing, distributed_lock, scheduled,
+};
+
+static LOG: OnceLock<std::fs::File> = OnceLock::new();
+
+fn log_line(line: &str) -> std::io::Result<()> {
+    let mut file = LOG.get().ok_or_else(|| std::io::Error::other("no log"))?;
+    file.write_all(format!("{line}\n").as_bytes())
+}
+
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+#[scheduled(every = "1s")]
+#[distributed_lock(key = "faketime-firing", ttl = "10s")]
+async fn tick() -> Result<(), LockError> {
+    let firing = current_firing().ok_or_else(|| LockError::Config("no firing".into()))?;
+    let owner = LockRuntime::current()?.owner().to_owned();
+    log_line(&format!("run {} {owner}", unix_ms(firing.scheduled_at())))
+        .map_err(|e| LockError::Config(format!("log: {e}")))?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, lock_url, owner, run_ms, log] = args.as_slice() else {
+        anyhow::bail!("usage: scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH");
+    };
+    let run_for = Duration::from_millis(run_ms.parse().context("RUN_MS")?);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .context("the log")?;
+    let _ = LOG.set(file);
+    let builder = LockRuntime::builder().owner(owner.as_str());
+    let builder = if lock_url.starts_with("postgres") {
+        builder.postgres(lock_url.as_str())
+    } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
+        builder.etcd(endpoints.split(','))
+    } else {
+        builder.redis(lock_url.as_str())
+    };
+    let runtime = builder
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .context("the runtime")?;
+    log_line(&format!("start {owner} {}", unix_ms(SystemTime::now())))?;
+    Scheduler::new(runtime)
+        .only(["tick"])
+        .run_until(tokio::time::sleep(run_for))
+        .await?;
+    log_line(&format!("done {owner}"))?;
+    Ok(())
+}

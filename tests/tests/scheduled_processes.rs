@@ -1,0 +1,147 @@
+//! Five OS processes whose wall clocks really differ (Debian's `faketime` shifts each one's
+//! clock by 0, +0.4, -0.7, +1.2 and -1.9 s) fire the same `every = "1s"` job that runs 50 ms,
+//! with neither `min_hold` nor `once`, for about thirty firings, on Redis, PostgreSQL and etcd:
+//! every firing that all five reached ran exactly once, and none ran twice.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lock_tests::{EtcdCluster, PostgresServer, RedisServer};
+
+/// The instances' clock offsets, in ms.
+const OFFSETS_MS: [i64; 5] = [0, 400, -700, 1200, -1900];
+/// How long each instance fires the job.
+const RUN_MS: u64 = 35_000;
+
+fn faketime_offset(ms: i64) -> String {
+    // libfaketime's relative offset in seconds, with a '.' (the tests run in the C locale).
+    format!(
+        "{}{}.{:03}",
+        if ms < 0 { '-' } else { '+' },
+        ms.abs() / 1000,
+        ms.abs() % 1000
+    )
+}
+
+/// Runs the five instances against `lock_url` and checks the log.
+fn five_skewed_instances(lock_url: &str) {
+    let version = Command::new("faketime").arg("--version").output();
+    assert!(
+        version.is_ok_and(|o| o.status.success()),
+        "faketime is missing: apt-get install -y faketime"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("runs.log");
+    let real_start = SystemTime::now();
+    let children: Vec<_> = OFFSETS_MS
+        .iter()
+        .enumerate()
+        .map(|(i, &ms)| {
+            Command::new("faketime")
+                .env("LC_ALL", "C")
+                .args(["-m", "-f", &faketime_offset(ms)])
+                .arg(env!("CARGO_BIN_EXE_scheduled_worker"))
+                .arg(lock_url)
+                .arg(format!("instance-{i}"))
+                .arg(RUN_MS.to_string())
+                .arg(&log)
+                .spawn()
+                .expect("start a worker under faketime")
+        })
+        .collect();
+    for mut child in children {
+        let status = child.wait().expect("a worker ends");
+        assert!(status.success(), "a worker failed: {status}");
+    }
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let real_start_ms = real_start
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+
+    // Each instance's clock, as it reported it at its start, against this process's: the
+    // offsets were applied (within the start-up time of a process).
+    let mut starts: BTreeMap<String, i64> = BTreeMap::new();
+    let mut runs: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    let mut done = 0;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        match words.as_slice() {
+            ["start", owner, ms] => {
+                starts.insert((*owner).to_owned(), ms.parse().expect("a start time"));
+            }
+            ["run", firing, owner] => runs
+                .entry(firing.parse().expect("a firing"))
+                .or_default()
+                .push((*owner).to_owned()),
+            ["done", _] => done += 1,
+            other => panic!("an unexpected log line: {other:?}"),
+        }
+    }
+    assert_eq!(done, 5, "{text}");
+    for (i, &offset) in OFFSETS_MS.iter().enumerate() {
+        let seen = starts[&format!("instance-{i}")] - real_start_ms;
+        assert!(
+            seen >= offset - 200 && seen <= offset + 5_000,
+            "instance-{i} started {seen} ms from the test's clock, its offset is {offset} ms"
+        );
+    }
+    let twice: Vec<_> = runs.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "firings that ran twice: {twice:?}\n{text}"
+    );
+    // The firings every instance's scheduler reached: from the latest start (by the clock of
+    // each) to the earliest end, with a second of margin on each side.
+    let latest_start = OFFSETS_MS
+        .iter()
+        .enumerate()
+        .map(|(i, _)| starts[&format!("instance-{i}")])
+        .max()
+        .expect("five");
+    let earliest_end = OFFSETS_MS
+        .iter()
+        .enumerate()
+        .map(|(i, _)| starts[&format!("instance-{i}")] + RUN_MS as i64)
+        .min()
+        .expect("five");
+    let first = (latest_start / 1000 + 2) * 1000;
+    let last = (earliest_end / 1000 - 1) * 1000;
+    let missed: Vec<i64> = (first / 1000..=last / 1000)
+        .map(|s| s * 1000)
+        .filter(|ms| !runs.contains_key(ms))
+        .collect();
+    assert!(missed.is_empty(), "firings nobody ran: {missed:?}\n{text}");
+    let reached = (last - first) / 1000 + 1;
+    assert!(
+        reached >= 25,
+        "only {reached} firings in the window\n{text}"
+    );
+    let mut by_instance: BTreeMap<&str, usize> = BTreeMap::new();
+    for by in runs.values() {
+        *by_instance.entry(by[0].as_str()).or_default() += 1;
+    }
+    println!(
+        "{} firings ran, each once ({reached} in the window all five reached); runs by instance: {by_instance:?}",
+        runs.len()
+    );
+}
+
+#[test]
+fn five_skewed_processes_run_each_firing_once_on_redis() {
+    let server = RedisServer::start();
+    five_skewed_instances(&server.url());
+}
+
+#[test]
+fn five_skewed_processes_run_each_firing_once_on_postgres() {
+    let server = PostgresServer::start();
+    five_skewed_instances(&server.url());
+}
+
+#[test]
+fn five_skewed_processes_run_each_firing_once_on_etcd() {
+    let cluster = EtcdCluster::start(1);
+    five_skewed_instances(&format!("etcd:{}", cluster.endpoints().join(",")));
+}
