@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server, openssl, postgresql, etcd-server and protobuf-compiler (Debian
-# packages) when missing: the tests start their own redis-server, PostgreSQL and etcd processes
+# Installs redis-server, openssl, postgresql, etcd-server, protobuf-compiler and faketime
+# (Debian packages) when missing: the tests start their own redis-server, PostgreSQL and etcd processes
 # on free loopback ports (PostgreSQL from its binaries in /usr/lib/postgresql/<version>/bin, as
 # the `postgres` user when run as root) and never use a system service. protoc builds the etcd
 # client's gRPC code.
@@ -18,6 +18,8 @@ python3 -m pip --version >/dev/null 2>&1 || MISSING="$MISSING python3-pip"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
 command -v etcd >/dev/null 2>&1 || [ -n "${ETCD_BIN:-}" ] || MISSING="$MISSING etcd-server"
 command -v protoc >/dev/null 2>&1 || [ -n "${PROTOC:-}" ] || MISSING="$MISSING protobuf-compiler"
+# faketime gives each process of the scheduled-jobs test a clock of its own.
+command -v faketime >/dev/null 2>&1 || MISSING="$MISSING faketime"
 if [ -n "$MISSING" ]; then
     echo "installing from Debian's packages:$MISSING" >&2
     SUDO=""
