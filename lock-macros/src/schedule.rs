@@ -103,6 +103,12 @@ impl Options {
                 if text.value().trim().is_empty() {
                     return Err(syn::Error::new_spanned(&text, "`name` must not be empty"));
                 }
+                if text.value().contains(['{', '}']) || text.value().chars().any(char::is_control) {
+                    return Err(syn::Error::new_spanned(
+                        &text,
+                        "`name` is part of the firings' marker keys: no braces, no control characters",
+                    ));
+                }
                 set_once(&mut self.name, name, text)
             }
             "local" => set_once(&mut self.local, name, (bool_of(option)?, name.span())),

@@ -353,8 +353,20 @@ where
         }
         return Outcome::Ran(result);
     }
-    // A scheduled job's firing: its marker is claimed once the lock is held.
-    let firing = crate::schedule::marker::current();
+    // A scheduled job's firing: the job's own call (not a locked call nested in its body)
+    // claims the firing's marker first, so the first instance to reach a firing decides it.
+    let firing = marker::current().filter(|f| f.take_turn());
+    let mut retry_marker = None;
+    if let Some(firing) = &firing {
+        match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
+            Ok(marker::Claim::Mine(guard)) => retry_marker = guard,
+            Ok(marker::Claim::Taken) => {
+                firing.report(Report::AlreadyRun);
+                return Outcome::Skipped;
+            }
+            Err(e) => return Outcome::Failed(e),
+        }
+    }
     let mut request = runtime
         .lock(spec.key.clone())
         .min_hold(Duration::from_millis(spec.min_hold_ms))
@@ -378,7 +390,8 @@ where
                 Ok(TryOutcome::Acquired(guard)) => guard,
                 Ok(TryOutcome::Done) => {
                     if let Some(firing) = &firing {
-                        firing.report(Report::AlreadyRun);
+                        firing.report(Report::DoneMarker);
+                        Box::pin(marker::done(&spec.key, retry_marker)).await;
                     }
                     return Outcome::Skipped;
                 }
@@ -391,6 +404,7 @@ where
                             .flatten()
                             .map(|info| info.owner);
                         firing.report(Report::HeldBy(owner));
+                        Box::pin(marker::done(&spec.key, retry_marker)).await;
                     }
                     return Outcome::Skipped;
                 }
@@ -409,25 +423,16 @@ where
             };
             match waited {
                 Ok(guard) => guard,
-                Err(LockError::AlreadyDone { .. }) => return Outcome::Skipped,
+                Err(LockError::AlreadyDone { .. }) => {
+                    if let Some(firing) = &firing {
+                        firing.report(Report::DoneMarker);
+                        Box::pin(marker::done(&spec.key, retry_marker)).await;
+                    }
+                    return Outcome::Skipped;
+                }
                 Err(e) => return Outcome::Failed(e),
             }
         }
-    };
-    let marker = match &firing {
-        None => None,
-        Some(firing) => match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
-            Ok(Some(marker)) => Some(marker),
-            Ok(None) => {
-                firing.report(Report::AlreadyRun);
-                let _ = Box::pin(guard.release()).await;
-                return Outcome::Skipped;
-            }
-            Err(e) => {
-                let _ = Box::pin(guard.release()).await;
-                return Outcome::Failed(e);
-            }
-        },
     };
     if let Some(firing) = &firing {
         firing.report(Report::Ran);
@@ -458,22 +463,23 @@ where
         // The body future is dropped here, before the release the guard's drop starts.
         tracing::warn!(key = %spec.key, fence = lease.fence(), "lease lost; the locked body was stopped");
         drop(guard);
-        if let (Some(firing), Some(marker)) = (&firing, marker) {
+        if let Some(firing) = &firing {
             firing.report(Report::Lost);
-            // The firing ran in part: done, unless the job asks for crashed runs to be
-            // retried (then the marker is given back and another instance may run it).
-            if firing.retry_crashed {
-                let _ = Box::pin(marker.release()).await;
-            } else {
-                Box::pin(marker::done(&spec.key, marker)).await;
+            // The firing ran in part. Its marker is done already, unless the job asks for
+            // crashed runs to be retried: then it is given back for another instance.
+            match retry_marker {
+                Some(marker) => {
+                    let _ = Box::pin(marker.release()).await;
+                }
+                None => Box::pin(marker::mark_done_again(&runtime, &spec.key, firing)).await,
             }
         }
         return Outcome::Failed(LockError::Lost {
             key: spec.key.clone(),
         });
     };
-    if let Some(marker) = marker {
-        Box::pin(marker::done(&spec.key, marker)).await;
+    if firing.is_some() {
+        Box::pin(marker::done(&spec.key, retry_marker)).await;
     }
     let once = spec.once_ms.is_some() && succeeded(&result);
     let released = if once {
@@ -503,90 +509,7 @@ where
     Outcome::Ran(result)
 }
 
-/// The registry of `#[scheduled]` fns: one entry per fn, placed by the linker.
-pub use linkme;
-
-/// Every `#[scheduled]` fn linked into the binary.
-#[linkme::distributed_slice]
-pub static SCHEDULED: [ScheduledJob];
-
-/// One `#[scheduled]` fn, as the attribute registers it (its options already checked).
-#[derive(Debug)]
-pub struct ScheduledJob {
-    /// The job's name.
-    pub name: &'static str,
-    /// The cron expression, or `None` with `every_ms`.
-    pub cron: Option<&'static str>,
-    /// The IANA time zone of `cron`.
-    pub tz: &'static str,
-    /// The fixed rate, or `None` with `cron`.
-    pub every_ms: Option<u64>,
-    /// `catch_up = "last"`: the window in which a missed firing is still run at start-up.
-    pub catch_up_within_ms: Option<u64>,
-    /// `local = true`: no lock, runs on every instance.
-    pub local: bool,
-    /// `retry_crashed = true`.
-    pub retry_crashed: bool,
-    /// Calls the fn.
-    pub run: fn() -> JobFuture,
-}
-
-/// A scheduled fn's call, boxed.
-pub type JobFuture = std::pin::Pin<Box<dyn Future<Output = JobEnd> + Send>>;
-
-/// How a scheduled fn's value ended its run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JobEnd {
-    /// `()`, `Ok(..)` or `Some(..)`.
-    Ok,
-    /// `Err(e)`, with `e`'s text (at most 1,000 characters).
-    Failed(String),
-    /// `None`: a skip or a lock error, which the firing's report tells apart.
-    NoValue,
-}
-
-/// A return type a scheduled fn may have.
-#[diagnostic::on_unimplemented(
-    message = "a `#[scheduled]` fn returns `()`, `Option<T>` or `Result<T, E>` with `E: Display`, not `{Self}`",
-    label = "the scheduler cannot tell from a `{Self}` how the run ended"
-)]
-pub trait JobReturn {
-    /// How the run ended.
-    fn job_end(&self) -> JobEnd;
-}
-
-impl JobReturn for () {
-    fn job_end(&self) -> JobEnd {
-        JobEnd::Ok
-    }
-}
-
-impl<T> JobReturn for Option<T> {
-    fn job_end(&self) -> JobEnd {
-        match self {
-            Some(_) => JobEnd::Ok,
-            None => JobEnd::NoValue,
-        }
-    }
-}
-
-impl<T, E: Display> JobReturn for Result<T, E> {
-    fn job_end(&self) -> JobEnd {
-        match self {
-            Ok(_) => JobEnd::Ok,
-            Err(e) => {
-                let mut text = e.to_string();
-                if let Some((cut, _)) = text.char_indices().nth(1000) {
-                    text.truncate(cut);
-                    text.push('…');
-                }
-                JobEnd::Failed(text)
-            }
-        }
-    }
-}
-
-/// How a scheduled fn's run ended, from its value.
-pub fn job_end<R: JobReturn>(value: &R) -> JobEnd {
-    value.job_end()
-}
+/// What `#[scheduled]` generates code against.
+pub use crate::schedule::registry::{
+    JobEnd, JobFuture, JobReturn, SCHEDULED, ScheduledJob, job_end, linkme, scheduler_of,
+};

@@ -13,6 +13,10 @@ use tokio::time::Instant;
 use crate::Harness;
 use crate::jobs::*;
 
+pub use crate::sched_suite::{
+    sched_firing_while_running_is_skipped, sched_skewed_instances_run_each_firing_once,
+};
+
 fn counter() -> Arc<AtomicU64> {
     Arc::new(AtomicU64::new(0))
 }

@@ -26,7 +26,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That generates a module `memory_store` with one `#[test]` per case (34); each builds its
+//! That generates a module `memory_store` with one `#[test]` per case (36); each builds its
 //! own tokio runtime, so your crate needs no tokio test setup. The expression is evaluated
 //! once per case, inside the case's runtime, so it may `.await`. Cases run in parallel and
 //! reuse key names: give each case a fresh store, or, on a shared database, a namespace of
@@ -56,6 +56,7 @@
 #[doc(hidden)]
 pub mod attr_suite;
 mod jobs;
+mod sched_suite;
 mod short;
 
 pub use short::Free;
@@ -177,6 +178,8 @@ macro_rules! attribute_suite {
             attr_reentrant_once_honours_its_marker,
             attr_reentrant_once_runs_during_the_shutdown_grace,
             attr_methods_and_generics,
+            sched_skewed_instances_run_each_firing_once,
+            sched_firing_while_running_is_skipped,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -492,3 +492,158 @@ async fn a_run_that_loses_its_lock_is_stopped_and_reported() {
         "the lost run's firing is not run again: {text}"
     );
 }
+
+#[scheduled(every = "1s")]
+#[distributed_lock(key = "stalled", ttl = "10s")]
+async fn stalled() {
+    seen("stalled");
+}
+
+/// A scheduler woken long after a firing (its process stopped, starved, or its clock set
+/// forward; here tokio's clock jumps three minutes at once) reports the firings it slept
+/// through as missed and runs none of them: run that late, one could come after the marker
+/// of the instance that ran it had gone. It goes on with the next firing.
+#[tokio::test(start_paused = true)]
+async fn a_scheduler_woken_late_misses_the_firings_it_slept_through() {
+    let logs = lock_tests::LogCapture::default();
+    let _installed = logs.install();
+    let runtime = instances(1).await.remove(0);
+    let scheduler = tokio::spawn(
+        Scheduler::new(runtime)
+            .only(["stalled"])
+            .wall_clock_from(at(NOON))
+            .run_until(tokio::time::sleep(Duration::from_millis(200_500))),
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tokio::time::advance(Duration::from_secs(180)).await;
+    scheduler
+        .await
+        .expect("the task")
+        .expect("the scheduler ran");
+    let runs: Vec<u64> = seen_by("stalled")
+        .into_iter()
+        .map(|t| unix_ms(t) / 1000 - NOON)
+        .collect();
+    let expected: Vec<u64> = [1, 2].into_iter().chain(183..=200).collect();
+    assert_eq!(runs, expected, "{}", logs.text());
+    assert!(
+        logs.text().contains("woke too late for this firing"),
+        "{}",
+        logs.text()
+    );
+}
+
+static MAINT: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+#[scheduled(every = "10s", name = "maint-vacuum")]
+#[distributed_lock(key = "db-maint", ttl = "10s", on_contention = "wait")]
+async fn vacuum() {
+    MAINT.lock().expect("not poisoned").push("vacuum");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+#[scheduled(every = "10s", name = "maint-reindex")]
+#[distributed_lock(key = "db-maint", ttl = "10s", on_contention = "wait")]
+async fn reindex() {
+    MAINT.lock().expect("not poisoned").push("reindex");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Two jobs that share a lock key to run one after the other, at the same firings: each
+/// runs at every firing (the firings' markers are per job), one waiting for the other.
+#[tokio::test(start_paused = true)]
+async fn jobs_sharing_a_lock_key_each_run_every_firing() {
+    let runtime = instances(1).await.remove(0);
+    Scheduler::new(runtime)
+        .only(["maint-vacuum", "maint-reindex"])
+        .wall_clock_from(at(NOON))
+        .run_until(tokio::time::sleep(Duration::from_secs(35)))
+        .await
+        .expect("the scheduler ran");
+    let ran = MAINT.lock().expect("not poisoned").clone();
+    assert_eq!(ran.iter().filter(|j| **j == "vacuum").count(), 3, "{ran:?}");
+    assert_eq!(
+        ran.iter().filter(|j| **j == "reindex").count(),
+        3,
+        "{ran:?}"
+    );
+}
+
+static LEDGER_WRITES: AtomicU32 = AtomicU32::new(0);
+
+#[distributed_lock(key = "ledger", ttl = "10s")]
+async fn write_ledger() -> Result<(), LockError> {
+    LEDGER_WRITES.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[scheduled(every = "10s")]
+#[distributed_lock(key = "nesting", ttl = "10s")]
+async fn nesting() -> Result<(), LockError> {
+    seen("nesting");
+    // Locked calls inside a scheduled body are plain locked calls: both run.
+    write_ledger().await?;
+    write_ledger().await?;
+    Ok(())
+}
+
+/// A scheduled body that calls another `#[distributed_lock]` fn twice: both calls run (only
+/// the job's own call claims the firing), and the firing is reported as run.
+#[tokio::test(start_paused = true)]
+async fn locked_calls_inside_a_scheduled_body_run_as_usual() {
+    let logs = lock_tests::LogCapture::default();
+    let _installed = logs.install();
+    // Two instances: the one that does not run a firing says so, and nothing else skips.
+    run_fleet(
+        "nesting",
+        instances(2).await,
+        &[at(NOON); 2],
+        Duration::from_secs(25),
+    )
+    .await;
+    let text = logs.text();
+    assert_eq!(seen_by("nesting").len(), 2);
+    assert_eq!(LEDGER_WRITES.load(Ordering::SeqCst), 4, "{text}");
+    assert_eq!(text.matches("skipped: ").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("skipped: another instance has run this firing")
+            .count(),
+        2,
+        "{text}"
+    );
+}
+
+static PANICKY_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[scheduled(every = "1s")]
+#[distributed_lock(key = "panicky", ttl = "10s")]
+async fn panicky() {
+    seen("panicky");
+    PANICKY_RUNS.fetch_add(1, Ordering::SeqCst);
+    panic!("after its side effect");
+}
+
+/// A run that panics after its side effect, on instances whose clocks are 0.5 s apart: the
+/// instance behind finds the lock free but the firing's marker there, and does not run it
+/// again (the marker is marked done when the run starts, so no end of the run can take it
+/// back).
+#[tokio::test(start_paused = true)]
+async fn a_firing_whose_run_panicked_is_not_run_again_elsewhere() {
+    let starts = [at(NOON), at(NOON) - Duration::from_millis(500)];
+    run_fleet(
+        "panicky",
+        instances(2).await,
+        &starts,
+        Duration::from_millis(5_200),
+    )
+    .await;
+    let runs: Vec<u64> = seen_by("panicky")
+        .into_iter()
+        .map(|t| unix_ms(t) / 1000 - NOON)
+        .collect();
+    let mut unique = runs.clone();
+    unique.dedup();
+    assert_eq!(runs, unique, "a firing ran twice");
+    assert_eq!(PANICKY_RUNS.load(Ordering::SeqCst) as usize, runs.len());
+    assert_eq!(runs, vec![0, 1, 2, 3, 4, 5], "every firing ran once");
+}

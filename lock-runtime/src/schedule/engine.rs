@@ -9,13 +9,17 @@ use tokio::task::JoinHandle;
 use super::MARKER_LIFE;
 use super::clock::Clock;
 use super::marker::{self, FiringContext, Report};
+use super::registry::{JobEnd, SCHEDULED, ScheduledJob};
 use super::spec::Schedule;
-use crate::__private::{JobEnd, SCHEDULED, ScheduledJob};
 use crate::{LockError, LockRuntime};
 
 /// The longest the loop sleeps before it reads the wall clock again (a clock set while it
 /// sleeps is noticed within this).
 const REREAD: Duration = Duration::from_secs(60);
+
+/// A firing the loop reaches later than this after its instant is missed, not run: a run
+/// that late could come after the marker of the instance that ran it has gone.
+pub(crate) const LATE: Duration = Duration::from_secs(60);
 
 /// A registered job, as [`crate::Scheduler::jobs`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,16 +54,30 @@ impl Job {
     /// How long this job's firing markers are kept.
     fn marker_life(&self) -> Duration {
         match self.def.catch_up_within_ms {
-            Some(ms) => MARKER_LIFE.max(Duration::from_millis(ms)),
+            // The window, plus the margin every marker has for the instances' clocks.
+            Some(ms) => Duration::from_millis(ms) + MARKER_LIFE,
             None => MARKER_LIFE,
         }
     }
 }
 
-/// The registered jobs, or those named in `only`, by name.
-pub(crate) fn select(only: Option<&[String]>) -> Result<Vec<Job>, LockError> {
+/// The jobs of `from` (default: every `#[scheduled]` fn of the binary), or those of them
+/// named in `only`, by name.
+pub(crate) fn select(
+    from: Option<&[&'static ScheduledJob]>,
+    only: Option<&[String]>,
+) -> Result<Vec<Job>, LockError> {
+    let all: Vec<&'static ScheduledJob> = match from {
+        Some(jobs) => jobs.to_vec(),
+        None => SCHEDULED.iter().collect(),
+    };
+    if all.is_empty() {
+        return Err(LockError::Config(
+            "no #[scheduled] fn is linked into this binary".to_owned(),
+        ));
+    }
     let mut jobs = Vec::new();
-    for def in SCHEDULED.iter() {
+    for def in all.iter().copied() {
         if only.is_some_and(|names| !names.iter().any(|n| n == def.name)) {
             continue;
         }
@@ -71,15 +89,10 @@ pub(crate) fn select(only: Option<&[String]>) -> Result<Vec<Job>, LockError> {
         .map_err(|e| LockError::Config(format!("scheduled job `{}`: {e}", def.name)))?;
         jobs.push(Job { def, schedule });
     }
-    if SCHEDULED.is_empty() {
-        return Err(LockError::Config(
-            "no #[scheduled] fn is linked into this binary".to_owned(),
-        ));
-    }
     if let Some(names) = only {
         for name in names {
             if !jobs.iter().any(|j| j.def.name == name) {
-                let mut known: Vec<&str> = SCHEDULED.iter().map(|d| d.name).collect();
+                let mut known: Vec<&str> = all.iter().map(|d| d.name).collect();
                 known.sort_unstable();
                 return Err(LockError::Config(format!(
                     "no scheduled job is named `{name}` (the jobs: {})",
@@ -167,6 +180,9 @@ async fn job_loop(
 ) -> Option<Aborting<()>> {
     let mut running: Option<Aborting<()>> = None;
     let mut after = clock.now();
+    if *stopped.borrow() {
+        return None;
+    }
     if let Some(window) = job.def.catch_up_within_ms.map(Duration::from_millis)
         && let Some(last) = job.schedule.last_at_or_before(after)
         && after.duration_since(last).unwrap_or(Duration::ZERO) <= window
@@ -186,10 +202,10 @@ async fn job_loop(
             tracing::info!(job = job.def.name, "the job has no further firing");
             return running;
         };
-        loop {
+        let now = loop {
             let now = clock.now();
             if now >= next {
-                break;
+                break now;
             }
             let wait = next
                 .duration_since(now)
@@ -199,9 +215,26 @@ async fn job_loop(
                 _ = tokio::time::sleep(wait) => {}
                 _ = stopped.wait_for(|stop| *stop) => return running,
             }
-        }
+        };
         if *stopped.borrow() {
             return running;
+        }
+        // Woken long after the firing (the process was stopped or starved, the clock was set
+        // forward): the firing is missed, as are the ones after it that have passed too. Run
+        // now, it could come after the marker of the instance that ran it has gone.
+        if now.duration_since(next).unwrap_or(Duration::ZERO) > LATE {
+            let mut missed = 1u64;
+            let mut last = next;
+            while let Some(n) = job.schedule.next_after(last)
+                && n <= now
+                && missed < 1_000_000
+            {
+                missed += 1;
+                last = n;
+            }
+            report(&runtime, &job, next, &Ended::Missed(missed), Duration::ZERO);
+            after = now;
+            continue;
         }
         after = next;
         if running.as_ref().is_some_and(Aborting::is_running) {
@@ -230,8 +263,10 @@ enum Ended {
     Panicked(String),
     HeldBy(Option<String>),
     AlreadyRun,
+    OnceMarker,
     Lost,
     StillRunningHere,
+    Missed(u64),
 }
 
 impl Ended {
@@ -241,7 +276,8 @@ impl Ended {
             Ended::Failed(_) => "failed",
             Ended::Panicked(_) => "panicked",
             Ended::HeldBy(_) | Ended::StillRunningHere => "skipped_held",
-            Ended::AlreadyRun => "skipped_done",
+            Ended::AlreadyRun | Ended::OnceMarker => "skipped_done",
+            Ended::Missed(_) => "missed",
             Ended::Lost => "lost",
         }
     }
@@ -262,6 +298,7 @@ async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
         Ok(end) => match (ctx.reported(), end) {
             (Some(Report::HeldBy(owner)), _) => Ended::HeldBy(owner),
             (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
+            (Some(Report::DoneMarker), _) => Ended::OnceMarker,
             (Some(Report::Lost), _) => Ended::Lost,
             (_, JobEnd::Failed(text)) => Ended::Failed(text),
             (Some(Report::Ran), _) => Ended::Ok,
@@ -317,6 +354,11 @@ fn report(runtime: &LockRuntime, job: &Job, at: SystemTime, ended: &Ended, took:
             tracing::info!("skipped: the previous run still runs on this instance")
         }
         Ended::AlreadyRun => tracing::info!("skipped: another instance has run this firing"),
+        Ended::OnceMarker => tracing::info!("skipped: the job's `once` marker is there"),
+        Ended::Missed(n) => tracing::warn!(
+            missed = n,
+            "woke too late for this firing (and the next ones it names): missed, not run"
+        ),
         Ended::Lost => tracing::warn!("the job lost its lock while it ran and was stopped"),
     }
     crate::metrics::firing(job.def.name, ended.label(), took);

@@ -1,10 +1,12 @@
 //! The firing a task runs (task-local), its marker in the store, and what the locked call
 //! reports back to the scheduler about it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::request::TryOutcome;
+use crate::store::KeyNames;
 use crate::{LockError, LockGuard, LockRuntime};
 
 /// What became of a firing's locked call, as the call saw it.
@@ -16,6 +18,8 @@ pub(crate) enum Report {
     HeldBy(Option<String>),
     /// The firing's marker was there: another instance ran (or runs) this firing.
     AlreadyRun,
+    /// The job's own `once` marker was there (`#[distributed_lock(once = ..)]`).
+    DoneMarker,
     /// The lease was lost while the body ran, and the body was stopped.
     Lost,
 }
@@ -30,6 +34,8 @@ pub(crate) struct FiringContext {
     /// A marker whose holder crashed expires with its lease instead of living on.
     pub(crate) retry_crashed: bool,
     report: Mutex<Option<Report>>,
+    /// Taken by the job's own locked call; locked calls nested in its body are plain calls.
+    turn: AtomicBool,
 }
 
 impl FiringContext {
@@ -45,7 +51,13 @@ impl FiringContext {
             life,
             retry_crashed,
             report: Mutex::new(None),
+            turn: AtomicBool::new(true),
         })
+    }
+
+    /// True for the first locked call of the firing only (the job's own).
+    pub(crate) fn take_turn(&self) -> bool {
+        self.turn.swap(false, Ordering::AcqRel)
     }
 
     pub(crate) fn report(&self, report: Report) {
@@ -73,43 +85,73 @@ pub(crate) fn scope<F: Future>(ctx: Arc<FiringContext>, fut: F) -> impl Future<O
     FIRING.scope(ctx, fut)
 }
 
-/// The marker's key for a firing of the job locked by `key`.
-pub(crate) fn marker_key(key: &str, scheduled_at: SystemTime) -> String {
+/// The marker's key for a firing of `job`, locked by `key` (jobs sharing a lock key have
+/// markers of their own).
+pub(crate) fn marker_key(key: &str, job: &str, scheduled_at: SystemTime) -> String {
     let ms = scheduled_at
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    format!("{key}@{ms}")
+    format!("{key}@{job}@{ms}")
 }
 
-/// Claims the firing's marker, with the job's lock `key` held: `Some(guard)` when this
-/// instance runs the firing, `None` when another one has (the marker is held or done).
+/// What claiming a firing's marker found.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// This instance runs the firing. With `retry_crashed`, the marker's lease, renewed while
+    /// the run goes on and marked done after it; otherwise the marker is done already.
+    Mine(Option<LockGuard>),
+    /// Another instance has this firing.
+    Taken,
+}
+
+/// Claims the firing's marker, before the job's lock: the first instance to reach a firing
+/// decides it (runs it, or skips it because the previous run still holds the lock).
+///
+/// Without `retry_crashed` the marker is marked done at once, before the run, and kept for its
+/// life: no end of the run (a panic, a crash, a cancelled future, a shutdown) can take it
+/// back. With `retry_crashed` it is a renewed lease until the run ends, and goes with a run
+/// that crashed.
 pub(crate) async fn claim(
     runtime: &LockRuntime,
     key: &str,
     ctx: &FiringContext,
-) -> Result<Option<LockGuard>, LockError> {
-    let mut request = runtime
-        .lock(marker_key(key, ctx.scheduled_at))
+) -> Result<Claim, LockError> {
+    let request = runtime
+        .lock(marker_key(key, ctx.job, ctx.scheduled_at))
         .once(ctx.life);
-    // Kept for its life whatever becomes of the run; or, to let a crashed run be retried,
-    // renewed like a lease and gone soon after its holder.
-    request = if ctx.retry_crashed {
+    let request = if ctx.retry_crashed {
         request.watchdog(true)
     } else {
         request.ttl(ctx.life).watchdog(false)
     };
-    match request.try_acquire_detailed().await? {
-        TryOutcome::Acquired(guard) => Ok(Some(guard)),
-        TryOutcome::Held | TryOutcome::Done => Ok(None),
+    let guard = match request.try_acquire_detailed().await? {
+        TryOutcome::Acquired(guard) => guard,
+        TryOutcome::Held | TryOutcome::Done => return Ok(Claim::Taken),
+    };
+    if ctx.retry_crashed {
+        return Ok(Claim::Mine(Some(guard)));
+    }
+    done(key, Some(guard)).await;
+    Ok(Claim::Mine(None))
+}
+
+/// Marks the firing done: its marker stays for its life, so no other instance runs it. (A
+/// marker that could not be marked done is still there as a lease of the marker's life.)
+pub(crate) async fn done(key: &str, marker: Option<LockGuard>) {
+    let Some(marker) = marker else { return };
+    if let Err(e) = marker.complete().await {
+        tracing::warn!(key, error = %e, "could not mark the firing done; its marker stays as a lease");
     }
 }
 
-/// Marks the firing done: its marker stays for its life, so no other instance runs it.
-pub(crate) async fn done(key: &str, marker: LockGuard) {
-    match marker.complete().await {
-        Ok(_) => {}
-        Err(e) => {
-            tracing::warn!(key, error = %e, "could not mark the firing done; an instance whose clock is behind may run it again");
-        }
+/// Writes the firing's done marker again, after a run lost its lock (the store may have lost
+/// its records, the marker with them): whatever the store forgot, this firing has run.
+pub(crate) async fn mark_done_again(runtime: &LockRuntime, key: &str, ctx: &FiringContext) {
+    let names = KeyNames::new(
+        runtime.namespace(),
+        &marker_key(key, ctx.job, ctx.scheduled_at),
+    );
+    if let Err(e) = runtime.inner.backend.mark_done(&names, ctx.life).await {
+        tracing::warn!(key, error = %e, "could not write the firing's done marker again after the lost run");
     }
 }

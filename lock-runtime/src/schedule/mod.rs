@@ -1,38 +1,41 @@
 //! Scheduled jobs: `#[scheduled]` fns, registered where they are written, fired by a
 //! [`Scheduler`] on the runtime's store, at most once per firing across every instance.
 //!
-//! How one firing runs (the `#[distributed_lock]` body's path, with the firing known):
-//! 1. the job's lock (its `key`) is taken as `#[distributed_lock]` says; held elsewhere, the
-//!    firing is skipped ("held by ...") — the previous run is still going somewhere;
-//! 2. the firing's marker, a lock named `<key>@<scheduled instant in ms>`, is claimed: taken
-//!    with a ttl of the marker's life, or found taken or done, in which case another instance
-//!    has run this firing and this one is skipped ("already run");
-//! 3. the body runs; then the marker is marked done (kept for its life) and the lock released.
+//! How one firing runs (the job's own `#[distributed_lock]` call, with the firing known):
+//! 1. the firing's marker, a lock named `<key>@<job>@<scheduled instant in ms>`, is claimed
+//!    and marked done at once (kept for its life): found there, another instance has this
+//!    firing and this one is skipped ("already run");
+//! 2. the job's lock (its `key`) is taken as `#[distributed_lock]` says; held, the firing is
+//!    skipped ("held by ...");
+//! 3. the body runs, and the lock is released.
 //!
 //! Instances whose clocks differ name the same firings (a cron firing is a wall-clock
 //! instant; `every` firings are multiples of the period since the Unix epoch), so whichever
 //! reaches a firing first runs it and the others find its marker, as long as they reach it
-//! within the marker's life: [`SKEW_BOUND`].
+//! within the marker's life: [`SKEW_BOUND`]. A loop woken more than a minute after a firing
+//! reports it missed instead of running it.
 
 mod clock;
 mod engine;
 pub(crate) mod marker;
+pub(crate) mod registry;
 pub(crate) mod spec;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use crate::{LockError, LockRuntime};
+use registry::ScheduledJob;
 
 pub use engine::JobInfo;
 
 /// How far apart the instances' clocks may be for "at most one run per firing" to hold: an
 /// instance that reaches a firing this long after the first one did still finds its marker.
-/// Markers live [`MARKER_LIFE`], which leaves a margin of five minutes for a late wake-up and
-/// for the store's round trips.
+/// Markers live [`MARKER_LIFE`], which leaves a margin of five minutes for the store's round
+/// trips and a wake-up up to a minute late (later ones are missed, not run).
 pub const SKEW_BOUND: Duration = Duration::from_secs(10 * 60);
 
-/// How long a firing's marker is kept (longer for `catch_up = "last"` jobs: their window).
+/// How long a firing's marker is kept (for `catch_up = "last"` jobs, their window plus this).
 pub const MARKER_LIFE: Duration = Duration::from_secs(15 * 60);
 
 /// One firing of a scheduled job, as its body sees it through [`current_firing`].
@@ -83,6 +86,8 @@ pub struct Scheduler {
     runtime: LockRuntime,
     only: Option<Vec<String>>,
     start: Option<SystemTime>,
+    /// The jobs to choose from: `None`, every `#[scheduled]` fn of the binary.
+    from: Option<Vec<&'static ScheduledJob>>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -101,6 +106,16 @@ impl Scheduler {
             runtime,
             only: None,
             start: None,
+            from: None,
+        }
+    }
+
+    /// A scheduler of the given jobs only, not of the binary's registry (for the conformance
+    /// kit, whose jobs must not run in its users' binaries).
+    pub(crate) fn of(runtime: LockRuntime, jobs: Vec<&'static ScheduledJob>) -> Self {
+        Scheduler {
+            from: Some(jobs),
+            ..Scheduler::new(runtime)
         }
     }
 
@@ -116,7 +131,8 @@ impl Scheduler {
 
     /// Reads the wall clock as `start` when `run_until` begins and carries it forward with
     /// `tokio::time` from there, never reading the system's clock: for tests on paused time
-    /// that need a given date (a daylight-saving change, a month's end).
+    /// (exactly the same run every time, from a given date: a daylight-saving change, a
+    /// month's end), and to give an instance a clock of its own in a demo.
     pub fn wall_clock_from(mut self, start: SystemTime) -> Self {
         self.start = Some(start);
         self
@@ -125,7 +141,7 @@ impl Scheduler {
     /// The selected jobs, each with its schedule and next firing from now, by name.
     pub fn jobs(&self) -> Result<Vec<JobInfo>, LockError> {
         let now = self.start.unwrap_or_else(SystemTime::now);
-        Ok(engine::select(self.only.as_deref())?
+        Ok(engine::select(self.from.as_deref(), self.only.as_deref())?
             .iter()
             .map(|job| job.info(now))
             .collect())
@@ -140,7 +156,7 @@ impl Scheduler {
     where
         F: Future,
     {
-        let jobs = engine::select(self.only.as_deref())?;
+        let jobs = engine::select(self.from.as_deref(), self.only.as_deref())?;
         engine::run(self.runtime, jobs, self.start, signal).await;
         Ok(())
     }
