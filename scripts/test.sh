@@ -34,7 +34,9 @@ if [ -z "${PG_BIN_DIR:-}" ]; then
     for candidate in /usr/lib/postgresql/*/bin/postgres; do PG_POSTGRES="$candidate"; done
 fi
 "$PG_POSTGRES" --version
-"${ETCD_BIN:-etcd}" --version | head -1
+# sed reads all of it: `head -1` could exit before etcd's second line, and under pipefail the
+# SIGPIPE that etcd then gets ended the whole script (exit 141).
+"${ETCD_BIN:-etcd}" --version | sed -n 1p
 
 # Each step is timed; the times are printed at the end.
 # shellcheck source=scripts/lib/steps.sh
