@@ -76,6 +76,7 @@ fn five_skewed_instances(lock_url: &str) {
                 .or_default()
                 .push((*owner).to_owned()),
             ["done", _] => done += 1,
+            ["pid", _, _] => {}
             other => panic!("an unexpected log line: {other:?}"),
         }
     }
@@ -144,4 +145,108 @@ fn five_skewed_processes_run_each_firing_once_on_postgres() {
 fn five_skewed_processes_run_each_firing_once_on_etcd() {
     let cluster = EtcdCluster::start(1);
     five_skewed_instances(&format!("etcd:{}", cluster.endpoints().join(",")));
+}
+
+/// Runs `job` of the worker on two processes, A with its clock 1.5 s ahead and B 5 s behind,
+/// kills A (SIGKILL) as soon as it has begun a run, and returns the firings each ran, in
+/// log order: `(firing ms, owner)`.
+fn kill_mid_run(lock_url: &str, job: &str) -> Vec<(i64, String)> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("runs.log");
+    let start = |owner: &str, offset_ms: i64, sleep_ms: u64, run_ms: u64| {
+        Command::new("faketime")
+            .env("LC_ALL", "C")
+            .args(["-m", "-f", &faketime_offset(offset_ms)])
+            .arg(env!("CARGO_BIN_EXE_scheduled_worker"))
+            .arg(lock_url)
+            .arg(owner)
+            .arg(run_ms.to_string())
+            .arg(&log)
+            .arg(job)
+            .arg(sleep_ms.to_string())
+            .spawn()
+            .expect("start a worker under faketime")
+    };
+    // A's first firing is at most 10 s away; B, 5 s behind, reaches it 6.5 s after A did,
+    // and runs long enough to reach the firing after it.
+    let mut a = start("A", 1_500, 20_000, 25_000);
+    let mut b = start("B", -5_000, 0, 35_000);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.starts_with("run ") && l.ends_with(" A"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A never began a run:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // faketime runs A as its child: SIGKILL to A's own pid, then faketime ends with it.
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let pid = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid A "))
+        .expect("A logged its pid")
+        .to_owned();
+    let killed = Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success(), "kill -9 {pid}");
+    let _ = a.wait();
+    let status = b.wait().expect("B ends");
+    assert!(status.success(), "B failed: {status}");
+    let text = std::fs::read_to_string(&log).expect("the log");
+    text.lines()
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split(' ').collect();
+            match words.as_slice() {
+                ["run", firing, owner] => {
+                    Some((firing.parse().expect("a firing"), (*owner).to_owned()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// A process killed mid-run: without `retry_crashed` its firing stays done (the instance
+/// whose clock is behind skips it); with it, the killed run's marker goes with its lease and
+/// the instance behind runs the firing when it reaches it. Either way no firing runs twice
+/// at once, and B runs the later firings.
+#[test]
+fn a_run_killed_mid_way_is_retried_only_with_retry_crashed() {
+    let server = RedisServer::start();
+    for (job, retried) in [("crashy", false), ("crashy_retry", true)] {
+        let runs = kill_mid_run(&server.url(), job);
+        let (killed, _) = runs
+            .iter()
+            .find(|(_, owner)| owner == "A")
+            .cloned()
+            .expect("A's run");
+        let by_b: Vec<i64> = runs
+            .iter()
+            .filter(|(_, owner)| owner == "B")
+            .map(|(f, _)| *f)
+            .collect();
+        assert_eq!(
+            by_b.contains(&killed),
+            retried,
+            "{job}: the killed run's firing {killed} was {} by B: {runs:?}",
+            if retried {
+                "not run again"
+            } else {
+                "run again"
+            }
+        );
+        assert!(
+            by_b.iter().any(|f| *f > killed),
+            "{job}: B runs the later firings: {runs:?}"
+        );
+    }
 }

@@ -3,10 +3,15 @@
 //! store at `LOCK_URL`. Run under `faketime` to give the instance a clock of its own. Each run
 //! appends `run <firing ms> <owner>` to the log (one `write` of a short line on a file opened
 //! for appending, so lines of several processes never mix), and the worker writes
-//! `start <owner> <its wall clock in ms>` first and `done <owner>` last.
+//! `start <owner> <its wall clock in ms>` and `pid <owner> <its pid>` first and
+//! `done <owner>` last.
 //!
-//! Usage: `scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH`
-//! (`LOCK_URL`: `redis://..`, `postgres://..`, or `etcd:` and the endpoints separated by commas)
+//! Usage: `scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH [JOB SLEEP_MS]`
+//! (`LOCK_URL`: `redis://..`, `postgres://..`, or `etcd:` and the endpoints separated by
+//! commas). `JOB` is `tick` (the default), or `crashy` / `crashy_retry`: a job of every 10 s
+//! (ttl 2 s; the second with `retry_crashed = true`) whose run logs and then sleeps
+//! `SLEEP_MS`, for the test that kills a process mid-run. The runtime's default ttl is 2 s, so
+//! a `retry_crashed` marker left by a killed process is gone 2 s after it.
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -18,6 +23,7 @@ use lock_runtime::{
 };
 
 static LOG: OnceLock<std::fs::File> = OnceLock::new();
+static SLEEP: OnceLock<Duration> = OnceLock::new();
 
 fn log_line(line: &str) -> std::io::Result<()> {
     let mut file = LOG.get().ok_or_else(|| std::io::Error::other("no log"))?;
@@ -39,12 +45,44 @@ async fn tick() -> Result<(), LockError> {
     Ok(())
 }
 
+/// Logs the run, then sleeps `SLEEP_MS`.
+async fn crashy_run() -> Result<(), LockError> {
+    let firing = current_firing().ok_or_else(|| LockError::Config("no firing".into()))?;
+    let owner = LockRuntime::current()?.owner().to_owned();
+    log_line(&format!("run {} {owner}", unix_ms(firing.scheduled_at())))
+        .map_err(|e| LockError::Config(format!("log: {e}")))?;
+    tokio::time::sleep(SLEEP.get().copied().unwrap_or_default()).await;
+    Ok(())
+}
+
+#[scheduled(every = "10s")]
+#[distributed_lock(key = "crashy", ttl = "2s")]
+async fn crashy() -> Result<(), LockError> {
+    crashy_run().await
+}
+
+#[scheduled(every = "10s", retry_crashed = true)]
+#[distributed_lock(key = "crashy-retry", ttl = "2s")]
+async fn crashy_retry() -> Result<(), LockError> {
+    crashy_run().await
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, lock_url, owner, run_ms, log] = args.as_slice() else {
-        anyhow::bail!("usage: scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH");
+    let (lock_url, owner, run_ms, log, job, sleep_ms) = match args.as_slice() {
+        [_, lock_url, owner, run_ms, log] => (lock_url, owner, run_ms, log, "tick", "0"),
+        [_, lock_url, owner, run_ms, log, job, sleep_ms] => (
+            lock_url,
+            owner,
+            run_ms,
+            log,
+            job.as_str(),
+            sleep_ms.as_str(),
+        ),
+        _ => anyhow::bail!("usage: scheduled_worker LOCK_URL OWNER RUN_MS LOG_PATH [JOB SLEEP_MS]"),
     };
+    let _ = SLEEP.set(Duration::from_millis(sleep_ms.parse().context("SLEEP_MS")?));
     let run_for = Duration::from_millis(run_ms.parse().context("RUN_MS")?);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -52,7 +90,9 @@ async fn main() -> anyhow::Result<()> {
         .open(log)
         .context("the log")?;
     let _ = LOG.set(file);
-    let builder = LockRuntime::builder().owner(owner.as_str());
+    let builder = LockRuntime::builder()
+        .owner(owner.as_str())
+        .default_ttl(Duration::from_secs(2));
     let builder = if lock_url.starts_with("postgres") {
         builder.postgres(lock_url.as_str())
     } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
@@ -66,8 +106,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("the runtime")?;
     log_line(&format!("start {owner} {}", unix_ms(SystemTime::now())))?;
+    // faketime runs the worker as its child: a test that kills an instance needs this pid.
+    log_line(&format!("pid {owner} {}", std::process::id()))?;
     Scheduler::new(runtime)
-        .only(["tick"])
+        .only([job])
         .run_until(tokio::time::sleep(run_for))
         .await?;
     log_line(&format!("done {owner}"))?;
