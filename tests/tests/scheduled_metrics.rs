@@ -18,7 +18,7 @@ static RUNS: AtomicU32 = AtomicU32::new(0);
 async fn metered() -> anyhow::Result<()> {
     let run = RUNS.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    anyhow::ensure!(run % 2 == 0, "every second run fails");
+    anyhow::ensure!(run.is_multiple_of(2), "every second run fails");
     Ok(())
 }
 
