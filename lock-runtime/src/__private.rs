@@ -233,8 +233,8 @@ where
         Outcome::Ran(r) => r,
         Outcome::Skipped => match policy.skipped {
             Some(skipped) => skipped(),
-            // Only a done marker skips without the skip policy, and the macro gives `once`
-            // the skip policy; kept total all the same.
+            // A done marker, or a scheduled firing's marker taken by another instance:
+            // without the skip policy the caller gets the policy's lock error.
             None => (policy.from_error)(LockError::Contended { key: key.clone() }, &key),
         },
         Outcome::Failed(e) => (policy.from_error)(e, &key),
@@ -391,7 +391,7 @@ where
                 Ok(TryOutcome::Done) => {
                     if let Some(firing) = &firing {
                         firing.report(Report::DoneMarker);
-                        Box::pin(marker::done(&spec.key, retry_marker)).await;
+                        Box::pin(marker::done(&runtime, &spec.key, firing, retry_marker)).await;
                     }
                     return Outcome::Skipped;
                 }
@@ -404,7 +404,7 @@ where
                             .flatten()
                             .map(|info| info.owner);
                         firing.report(Report::HeldBy(owner));
-                        Box::pin(marker::done(&spec.key, retry_marker)).await;
+                        Box::pin(marker::done(&runtime, &spec.key, firing, retry_marker)).await;
                     }
                     return Outcome::Skipped;
                 }
@@ -426,7 +426,7 @@ where
                 Err(LockError::AlreadyDone { .. }) => {
                     if let Some(firing) = &firing {
                         firing.report(Report::DoneMarker);
-                        Box::pin(marker::done(&spec.key, retry_marker)).await;
+                        Box::pin(marker::done(&runtime, &spec.key, firing, retry_marker)).await;
                     }
                     return Outcome::Skipped;
                 }
@@ -478,8 +478,8 @@ where
             key: spec.key.clone(),
         });
     };
-    if firing.is_some() {
-        Box::pin(marker::done(&spec.key, retry_marker)).await;
+    if let Some(firing) = &firing {
+        Box::pin(marker::done(&runtime, &spec.key, firing, retry_marker)).await;
     }
     let once = spec.once_ms.is_some() && succeeded(&result);
     let released = if once {

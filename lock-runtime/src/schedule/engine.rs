@@ -21,6 +21,9 @@ const REREAD: Duration = Duration::from_secs(60);
 /// that late could come after the marker of the instance that ran it has gone.
 pub(crate) const LATE: Duration = Duration::from_secs(60);
 
+/// How many missed firings one report counts at the most ("at least" beyond).
+const MISSED_COUNTED: u64 = 10_000;
+
 /// A registered job, as [`crate::Scheduler::jobs`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobInfo {
@@ -220,20 +223,43 @@ async fn job_loop(
             return running;
         }
         // Woken long after the firing (the process was stopped or starved, the clock was set
-        // forward): the firing is missed, as are the ones after it that have passed too. Run
-        // now, it could come after the marker of the instance that ran it has gone.
-        if now.duration_since(next).unwrap_or(Duration::ZERO) > LATE {
-            let mut missed = 1u64;
-            let mut last = next;
-            while let Some(n) = job.schedule.next_after(last)
-                && n <= now
-                && missed < 1_000_000
-            {
+        // forward): of the firings passed since, only the last one may still run, if it is
+        // at most LATE old (a `catch_up = "last"` job: at most its window old, the life of
+        // its markers); the others are missed, not run: run that late, one could come after
+        // the marker of the instance that ran it had gone.
+        let late = now.duration_since(next).unwrap_or(Duration::ZERO);
+        if late > LATE {
+            let last = job
+                .schedule
+                .last_at_or_before(now)
+                .unwrap_or(next)
+                .max(next);
+            let may_run = job
+                .def
+                .catch_up_within_ms
+                .map_or(LATE, Duration::from_millis)
+                .max(LATE);
+            let runs_last = now.duration_since(last).unwrap_or(Duration::ZERO) <= may_run;
+            let mut missed = u64::from(!runs_last);
+            let mut n = next;
+            while n < last && missed < MISSED_COUNTED {
                 missed += 1;
-                last = n;
+                match job.schedule.next_after(n) {
+                    Some(following) => n = following,
+                    None => break,
+                }
             }
-            report(&runtime, &job, next, &Ended::Missed(missed), Duration::ZERO);
-            after = now;
+            if missed > 0 {
+                report(&runtime, &job, next, &Ended::Missed(missed), Duration::ZERO);
+            }
+            after = last;
+            if runs_last && !running.as_ref().is_some_and(Aborting::is_running) {
+                running = Some(Aborting(tokio::spawn(fire(
+                    runtime.clone(),
+                    job.clone(),
+                    last,
+                ))));
+            }
             continue;
         }
         after = next;
@@ -286,7 +312,13 @@ impl Ended {
 /// Runs one firing: the job's fn in a task of its own (a panic ends that task only), as the
 /// firing `at`, on `runtime`.
 async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
-    let ctx = FiringContext::new(job.def.name, at, job.marker_life(), job.def.retry_crashed);
+    let ctx = FiringContext::new(
+        job.def.name,
+        at,
+        job.marker_life(),
+        job.def.retry_crashed,
+        job.def.local,
+    );
     let started = tokio::time::Instant::now();
     let body = runtime.scope(marker::scope(ctx.clone(), (job.def.run)()));
     // A firing stopped at shutdown stops its body too.

@@ -44,6 +44,7 @@ impl FiringContext {
         scheduled_at: SystemTime,
         life: Duration,
         retry_crashed: bool,
+        local: bool,
     ) -> Arc<Self> {
         Arc::new(FiringContext {
             job,
@@ -51,7 +52,8 @@ impl FiringContext {
             life,
             retry_crashed,
             report: Mutex::new(None),
-            turn: AtomicBool::new(true),
+            // A local job has no lock of its own: the locked calls in its body are plain.
+            turn: AtomicBool::new(!local),
         })
     }
 
@@ -131,16 +133,23 @@ pub(crate) async fn claim(
     if ctx.retry_crashed {
         return Ok(Claim::Mine(Some(guard)));
     }
-    done(key, Some(guard)).await;
+    done(runtime, key, ctx, Some(guard)).await;
     Ok(Claim::Mine(None))
 }
 
-/// Marks the firing done: its marker stays for its life, so no other instance runs it. (A
-/// marker that could not be marked done is still there as a lease of the marker's life.)
-pub(crate) async fn done(key: &str, marker: Option<LockGuard>) {
+/// Marks the firing done: its marker stays for its life, so no other instance runs it. If
+/// that fails, the done marker is written once more without the lease (a `retry_crashed`
+/// marker would otherwise go with its lease and let a finished firing run again).
+pub(crate) async fn done(
+    runtime: &LockRuntime,
+    key: &str,
+    ctx: &FiringContext,
+    marker: Option<LockGuard>,
+) {
     let Some(marker) = marker else { return };
     if let Err(e) = marker.complete().await {
-        tracing::warn!(key, error = %e, "could not mark the firing done; its marker stays as a lease");
+        tracing::warn!(key, error = %e, "could not mark the firing done; writing its done marker again");
+        mark_done_again(runtime, key, ctx).await;
     }
 }
 
