@@ -23,6 +23,6 @@ pub use lock_testkit::Free;
 pub use logs::LogCapture;
 pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
-pub use runtimes::{Built, TakeFree, acquire_in_task, proxied_redis, redis_runtime};
+pub use runtimes::{Built, TakeFree, acquire_in_task, builder_for, proxied_redis, redis_runtime};
 pub use server::{RedisCluster, RedisServer, SentinelSet, query};
 pub use store::TestStore;

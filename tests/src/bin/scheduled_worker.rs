@@ -90,17 +90,9 @@ async fn main() -> anyhow::Result<()> {
         .open(log)
         .context("the log")?;
     let _ = LOG.set(file);
-    let builder = LockRuntime::builder()
+    let runtime = lock_tests::builder_for(lock_url)
         .owner(owner.as_str())
-        .default_ttl(Duration::from_secs(2));
-    let builder = if lock_url.starts_with("postgres") {
-        builder.postgres(lock_url.as_str())
-    } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
-        builder.etcd(endpoints.split(','))
-    } else {
-        builder.redis(lock_url.as_str())
-    };
-    let runtime = builder
+        .default_ttl(Duration::from_secs(2))
         .connect_timeout(Duration::from_secs(5))
         .build()
         .await

@@ -45,15 +45,7 @@ async fn main() -> anyhow::Result<()> {
     // A worker (re)started while the store is down (restarting, stalled) retries, as a
     // service restarted by its supervisor would, until its deadline.
     let runtime = loop {
-        let builder = LockRuntime::builder();
-        let builder = if lock_url.starts_with("postgres") {
-            builder.postgres(lock_url.as_str())
-        } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
-            builder.etcd(endpoints.split(','))
-        } else {
-            builder.redis(lock_url.as_str())
-        };
-        let built = builder
+        let built = lock_tests::builder_for(lock_url)
             .connect_timeout(Duration::from_secs(2))
             .command_timeout(Duration::from_millis(500))
             .build()
