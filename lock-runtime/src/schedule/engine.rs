@@ -54,13 +54,15 @@ impl Job {
         }
     }
 
-    /// How long this job's firing markers are kept.
+    /// `catch_up = "last"`: how old a missed firing may be and still run.
+    fn catch_up_window(&self) -> Option<Duration> {
+        self.def.catch_up_within_ms.map(Duration::from_millis)
+    }
+
+    /// How long this job's firing markers are kept: a catch-up job's window, plus the margin
+    /// every marker has for the instances' clocks.
     fn marker_life(&self) -> Duration {
-        match self.def.catch_up_within_ms {
-            // The window, plus the margin every marker has for the instances' clocks.
-            Some(ms) => Duration::from_millis(ms) + MARKER_LIFE,
-            None => MARKER_LIFE,
-        }
+        self.catch_up_window().unwrap_or(Duration::ZERO) + MARKER_LIFE
     }
 }
 
@@ -186,7 +188,7 @@ async fn job_loop(
     if *stopped.borrow() {
         return None;
     }
-    if let Some(window) = job.def.catch_up_within_ms.map(Duration::from_millis)
+    if let Some(window) = job.catch_up_window()
         && let Some(last) = job.schedule.last_at_or_before(after)
         && after.duration_since(last).unwrap_or(Duration::ZERO) <= window
     {
@@ -227,18 +229,14 @@ async fn job_loop(
         // at most LATE old (a `catch_up = "last"` job: at most its window old, the life of
         // its markers); the others are missed, not run: run that late, one could come after
         // the marker of the instance that ran it had gone.
-        let late = now.duration_since(next).unwrap_or(Duration::ZERO);
-        if late > LATE {
+        let mut due = next;
+        if now.duration_since(next).unwrap_or(Duration::ZERO) > LATE {
             let last = job
                 .schedule
                 .last_at_or_before(now)
                 .unwrap_or(next)
                 .max(next);
-            let may_run = job
-                .def
-                .catch_up_within_ms
-                .map_or(LATE, Duration::from_millis)
-                .max(LATE);
+            let may_run = job.catch_up_window().unwrap_or(LATE).max(LATE);
             let runs_last = now.duration_since(last).unwrap_or(Duration::ZERO) <= may_run;
             let mut missed = u64::from(!runs_last);
             let mut n = next;
@@ -253,21 +251,17 @@ async fn job_loop(
                 report(&runtime, &job, next, &Ended::Missed(missed), Duration::ZERO);
             }
             after = last;
-            if runs_last && !running.as_ref().is_some_and(Aborting::is_running) {
-                running = Some(Aborting(tokio::spawn(fire(
-                    runtime.clone(),
-                    job.clone(),
-                    last,
-                ))));
+            if !runs_last {
+                continue;
             }
-            continue;
+            due = last;
         }
-        after = next;
+        after = due;
         if running.as_ref().is_some_and(Aborting::is_running) {
             report(
                 &runtime,
                 &job,
-                next,
+                due,
                 &Ended::StillRunningHere,
                 Duration::ZERO,
             );
@@ -276,7 +270,7 @@ async fn job_loop(
         running = Some(Aborting(tokio::spawn(fire(
             runtime.clone(),
             job.clone(),
-            next,
+            due,
         ))));
     }
 }
