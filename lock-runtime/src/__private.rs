@@ -434,10 +434,11 @@ where
             }
         }
     };
+    let lease = guard.lease().clone();
     if let Some(firing) = &firing {
+        firing.holds(lease.fence());
         firing.report(Report::Ran);
     }
-    let lease = guard.lease().clone();
     span.record("fence", lease.fence());
     let body = with_lease(lease.clone(), body);
     let result = if spec.abort_on_lost {

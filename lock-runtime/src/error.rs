@@ -64,6 +64,11 @@ pub enum LockError {
     #[error("invalid lock configuration: {0}")]
     Config(String),
 
+    /// The store does not do what was asked: a store plugged in without run history, asked
+    /// for a job's runs.
+    #[error("not supported by this store: {0}")]
+    Unsupported(String),
+
     /// The runtime was shut down with `LockRuntime::shutdown`; it takes no new locks.
     #[error("the lock runtime has been shut down")]
     Shutdown,

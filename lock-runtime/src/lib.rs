@@ -62,6 +62,7 @@ mod config;
 mod context;
 mod error;
 mod guard;
+mod history;
 mod lease;
 pub mod metrics;
 mod request;
@@ -74,6 +75,7 @@ pub use builder::LockRuntimeBuilder;
 pub use context::current_lease;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
+pub use history::{MAX_ERROR_TEXT, Run, RunOutcome};
 pub use lease::{Lease, LockInfo};
 /// Runs an async fn's body on exactly one of the instances competing for its `key`.
 ///

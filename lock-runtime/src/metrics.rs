@@ -13,8 +13,9 @@
 //! | `distributed_lock_wait_seconds` | histogram | time from the request to holding the lock, for waiting acquires |
 //! | `distributed_lock_hold_seconds` | histogram | time from acquiring to releasing |
 //! | `distributed_lock_leases_held` | gauge | leases held right now |
-//! | `scheduled_firings_total` | counter | firings of a scheduled job, by `job` and `outcome` (`ok`, `failed`, `panicked`, `skipped_held`, `skipped_done`, `lost`) |
+//! | `scheduled_firings_total` | counter | firings of a scheduled job, by `job` and `outcome` (`ok`, `failed`, `panicked`, `skipped_held`, `skipped_done`, `lost`, `missed`, `stopped`) |
 //! | `scheduled_run_seconds` | histogram | how long a firing's run took (`ok` and `failed` ones), by `job` |
+//! | `scheduled_history_gaps_total` | counter | runs not written to their journal (the store failed, or the writer's queue was full), by `job` |
 //!
 //! Every `distributed_lock_*` metric has the label `key` (the `scheduled_*` ones have `job`): the lock key, or what the runtime's
 //! [`metrics_key_label`](crate::LockRuntimeBuilder::metrics_key_label) function makes of it,
@@ -31,6 +32,10 @@ mod enabled {
             metrics::histogram!("scheduled_run_seconds", "job" => job.to_owned())
                 .record(took.as_secs_f64());
         }
+    }
+
+    pub(crate) fn history_gap(job: &str) {
+        metrics::counter!("scheduled_history_gaps_total", "job" => job.to_owned()).increment(1);
     }
 
     pub(crate) fn attempt(label: &str) {
@@ -78,6 +83,8 @@ mod enabled {
 
     #[inline]
     pub(crate) fn firing(_: &str, _: &str, _: Duration) {}
+    #[inline]
+    pub(crate) fn history_gap(_: &str) {}
     #[inline]
     pub(crate) fn attempt(_: &str) {}
     #[inline]

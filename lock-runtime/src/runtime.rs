@@ -242,6 +242,36 @@ impl LockRuntime {
             .map(|r| LockInfo::from_record(key.to_owned(), r)))
     }
 
+    /// The newest `limit` runs of the scheduled job `job` in this runtime's namespace, newest
+    /// first (by scheduled instant, then by start), from its journal in the store: which
+    /// instance ran each firing, when, how it ended. A journal keeps what the
+    /// [`Scheduler`](crate::Scheduler)'s retention allows (by default 30 days, at most 1,000
+    /// runs per job). A store that keeps no history (one plugged in without it) answers
+    /// [`LockError::Unsupported`].
+    pub async fn history(&self, job: &str, limit: usize) -> Result<Vec<crate::Run>, LockError> {
+        let lines = self
+            .inner
+            .backend
+            .runs(&self.inner.namespace, job, limit)
+            .await?;
+        let mut runs: Vec<crate::Run> = lines
+            .iter()
+            .filter_map(|line| crate::history::decode(line))
+            .filter(|run| run.job == job)
+            .collect();
+        runs.sort_by_key(|r| std::cmp::Reverse((r.scheduled_at, r.started_at)));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    /// The scheduled jobs of this runtime's namespace that have a run journal, sorted.
+    pub async fn journalled_jobs(&self) -> Result<Vec<String>, LockError> {
+        self.inner
+            .backend
+            .journalled_jobs(&self.inner.namespace)
+            .await
+    }
+
     /// Every held lock of this runtime's namespace whose key matches `pattern` (`*` stands
     /// for any run of characters, `?` for one; `"*"` lists all), sorted by key: for operators
     /// and dashboards (`lockctl` is built on it). It walks the store (on Redis a `SCAN` of

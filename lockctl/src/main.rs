@@ -8,6 +8,8 @@
 //!     lockctl --redlock redis://a:6379,redis://b:6379,redis://c:6379 list
 //!     lockctl --postgres postgres://app@db/app release interest-posting --force
 //!     lockctl --etcd http://10.0.0.1:2379,http://10.0.0.2:2379 list
+//!     lockctl --redis redis://127.0.0.1:6379 jobs
+//!     lockctl --postgres postgres://app@db/app history interest-posting --since 7d --json
 //!     REDIS_URL=redis://127.0.0.1:6379 lockctl list
 
 use std::process::ExitCode;
@@ -17,6 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use lock_runtime::{EtcdStore, LockRuntime, LockRuntimeBuilder, PostgresStore};
 
+mod history;
 mod ops;
 
 /// Inspect, watch and force-release lock-runtime locks in any of its stores.
@@ -100,6 +103,22 @@ enum Action {
         /// Stop after this many refreshes (default: until Ctrl-C).
         #[arg(long)]
         count: Option<u64>,
+    },
+    /// The scheduled jobs with a run journal, each with its last firing: when, which
+    /// instance, how it ended.
+    Jobs,
+    /// A scheduled job's runs, newest first: each firing, the instance that ran it (or
+    /// skipped it), the outcome, how long it took, its fence. Exit code 1 when none.
+    History {
+        /// The job's name (`#[scheduled(name = ..)]`, or the fn's name).
+        job: String,
+        /// Only firings scheduled since: a duration back from now (90s, 30m, 24h, 7d) or an
+        /// RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many runs (the newest).
+        #[arg(long, default_value_t = history::DEFAULT_LIMIT)]
+        limit: usize,
     },
 }
 

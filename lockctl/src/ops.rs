@@ -97,6 +97,22 @@ pub(crate) async fn run(
             watch(runtime, &pattern, interval, count, json).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Action::Jobs => {
+            emit(&crate::history::jobs(runtime, json).await?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Action::History { job, since, limit } => {
+            let since = since
+                .map(|s| crate::history::parse_since(&s, std::time::SystemTime::now()))
+                .transpose()?;
+            let (text, shown) = crate::history::history(runtime, &job, limit, since, json).await?;
+            emit(&text)?;
+            Ok(if shown > 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
     }
 }
 

@@ -325,3 +325,118 @@ async fn postgres_through_the_same_options() {
     assert_eq!(code, 2);
     assert!(err.contains("--table goes with --postgres"), "{err}");
 }
+
+#[lock_runtime::scheduled(every = "1s", name = "cli-nightly")]
+#[lock_runtime::distributed_lock(key = "cli-nightly", ttl = "10s")]
+async fn nightly() -> Result<(), lock_runtime::LockError> {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(())
+}
+
+/// Two instances run a scheduled job for a few seconds; `lockctl history` shows each firing
+/// once, with the instance that ran it, and `lockctl jobs` lists the job with its last run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_jobs_show_who_ran_each_firing() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let instance = |owner: &str| {
+        LockRuntime::builder()
+            .redis(url.as_str())
+            .owner(owner)
+            .build()
+    };
+    let (a, b) = (
+        instance("night-a").await.expect("build"),
+        instance("night-b").await.expect("build"),
+    );
+    let run = |runtime: LockRuntime| {
+        lock_runtime::Scheduler::new(runtime)
+            .only(["cli-nightly"])
+            .run_until(tokio::time::sleep(Duration::from_millis(3_600)))
+    };
+    let (ran_a, ran_b) = tokio::join!(run(a), run(b));
+    ran_a.expect("scheduler a");
+    ran_b.expect("scheduler b");
+
+    let (code, out, err) = lockctl(&["--redis", &url, "--json", "history", "cli-nightly"]).await;
+    assert_eq!(code, 0, "{err}");
+    let runs = json(&out);
+    let runs = runs.as_array().expect("an array");
+    assert!(runs.len() >= 3, "{} runs in 3.6 s: {out}", runs.len());
+    let mut firings: Vec<&str> = runs
+        .iter()
+        .map(|r| r["scheduled_at"].as_str().expect("scheduled_at"))
+        .collect();
+    let newest_first = firings.windows(2).all(|w| w[0] > w[1]);
+    firings.dedup();
+    assert_eq!(
+        firings.len(),
+        runs.len(),
+        "a firing journalled twice: {out}"
+    );
+    assert!(newest_first, "not newest first: {out}");
+    for r in runs {
+        assert_eq!(r["outcome"], "ok", "{out}");
+        assert!(
+            r["owner"] == "night-a" || r["owner"] == "night-b",
+            "run by {}: {out}",
+            r["owner"]
+        );
+        assert!(r["fence"].as_u64().is_some(), "{out}");
+    }
+
+    let (code, table, _) =
+        lockctl(&["--redis", &url, "history", "cli-nightly", "--limit", "2"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(table.lines().count(), 3, "a header and two runs: {table}");
+    assert!(table.starts_with("SCHEDULED"), "{table}");
+
+    let (code, out, _) = lockctl(&["--redis", &url, "--json", "jobs"]).await;
+    assert_eq!(code, 0);
+    let jobs = json(&out);
+    assert_eq!(jobs[0]["job"], "cli-nightly", "{out}");
+    assert_eq!(
+        jobs[0]["last_run"]["scheduled_at"], runs[0]["scheduled_at"],
+        "{out}"
+    );
+
+    let (code, out, _) = lockctl(&["--redis", &url, "history", "no-such-job"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no runs of `no-such-job`"), "{out}");
+    let since = |when: &str| {
+        let url = url.clone();
+        let when = when.to_owned();
+        async move {
+            lockctl(&[
+                "--redis",
+                &url,
+                "--json",
+                "history",
+                "cli-nightly",
+                "--since",
+                &when,
+            ])
+            .await
+        }
+    };
+    let (code, out, _) = since("1h").await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        json(&out).as_array().map(Vec::len),
+        Some(runs.len()),
+        "{out}"
+    );
+    let (code, out, _) = since("2099-01-01T00:00:00Z").await;
+    assert_eq!(code, 1, "runs scheduled after 2099: {out}");
+    let (code, _, err) = lockctl(&[
+        "--redis",
+        &url,
+        "history",
+        "cli-nightly",
+        "--since",
+        "yesterday",
+    ])
+    .await;
+    assert_eq!(code, 2);
+    assert!(err.contains("--since takes a duration"), "{err}");
+}

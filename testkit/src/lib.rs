@@ -86,6 +86,14 @@ pub trait Harness: Send + Sync {
     fn clock_granularity(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+
+    /// Whether the store keeps the run history of scheduled jobs (`LockStore::append_run` and
+    /// the two reads). True (the default) makes the journal cases check it; a harness for a
+    /// store that declines it answers false, and the cases then check that every call says
+    /// `LockError::Unsupported`.
+    fn keeps_history(&self) -> bool {
+        true
+    }
 }
 
 /// Runs one case on a multi-threaded tokio runtime of its own (2 workers).
@@ -180,6 +188,8 @@ macro_rules! attribute_suite {
             attr_methods_and_generics,
             sched_skewed_instances_run_each_firing_once,
             sched_firing_while_running_is_skipped,
+            sched_catch_up_after_a_restart_runs_what_nobody_ran,
+            sched_journal_keeps_the_newest_runs,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

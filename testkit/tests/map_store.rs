@@ -198,6 +198,11 @@ impl lock_testkit::Harness for MapHarness {
         let names = KeyNames::new(NAMESPACE, key);
         self.0.tables.lock().await.locks.remove(names.record());
     }
+
+    /// The example store leaves the run journal to the trait's default: declined.
+    fn keeps_history(&self) -> bool {
+        false
+    }
 }
 
 lock_testkit::conformance_suite!(map_store, MapHarness(MapStore::default()));

@@ -11,6 +11,8 @@ use super::clock::Clock;
 use super::marker::{self, FiringContext, Report};
 use super::registry::{JobEnd, SCHEDULED, ScheduledJob};
 use super::spec::Schedule;
+use crate::history::{self, Run, RunOutcome, Writer};
+use crate::store::Retention;
 use crate::{LockError, LockRuntime};
 
 /// The longest the loop sleeps before it reads the wall clock again (a clock set while it
@@ -123,24 +125,25 @@ pub(crate) async fn run<F: Future>(
     runtime: LockRuntime,
     jobs: Vec<Job>,
     start: Option<SystemTime>,
+    history: Option<Retention>,
     signal: F,
 ) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let clock = Clock::new(start);
+    let (writer, flush) = Writer::start(&runtime, history);
     // Dropped (the caller's future cancelled): every loop and its running firing stop, and
     // their locks are released in the background as their guards drop.
     let mut loops: Vec<Aborting<Option<Aborting<()>>>> = jobs
         .into_iter()
         .map(|job| {
             let runtime = runtime.clone();
-            let clock = clock.clone();
-            let stopped = stopped.clone();
-            Aborting(tokio::spawn(job_loop(
-                runtime,
-                Arc::new(job),
-                clock,
-                stopped,
-            )))
+            let firing = Firer {
+                runtime: runtime.clone(),
+                job: Arc::new(job),
+                clock: clock.clone(),
+                writer: writer.clone(),
+            };
+            Aborting(tokio::spawn(job_loop(firing, stopped.clone())))
         })
         .collect();
     signal.await;
@@ -158,6 +161,19 @@ pub(crate) async fn run<F: Future>(
         firing.0.abort();
         let _ = (&mut firing.0).await;
     }
+    // Every firing has reported: the journal gets what is queued, within its bound.
+    drop(loops);
+    drop(writer);
+    flush.wait().await;
+}
+
+/// What a job's loop and its firings need: the runtime, the job, the wall clock, the journal.
+#[derive(Clone)]
+struct Firer {
+    runtime: LockRuntime,
+    job: Arc<Job>,
+    clock: Clock,
+    writer: Writer,
 }
 
 /// A task that is aborted when its handle is dropped.
@@ -178,11 +194,10 @@ impl<T> Aborting<T> {
 /// One job's loop: sleep to the next firing, fire it in a task of its own, and so on until
 /// the stop; returns the firing still running then.
 async fn job_loop(
-    runtime: LockRuntime,
-    job: Arc<Job>,
-    mut clock: Clock,
+    firer: Firer,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> Option<Aborting<()>> {
+    let (job, mut clock) = (firer.job.clone(), firer.clock.clone());
     let mut running: Option<Aborting<()>> = None;
     let mut after = clock.now();
     if *stopped.borrow() {
@@ -196,11 +211,7 @@ async fn job_loop(
             job = job.def.name,
             "catching up on the last firing (catch_up = \"last\")"
         );
-        running = Some(Aborting(tokio::spawn(fire(
-            runtime.clone(),
-            job.clone(),
-            last,
-        ))));
+        running = Some(Aborting(tokio::spawn(fire(firer.clone(), last))));
     }
     loop {
         let Some(next) = job.schedule.next_after(after) else {
@@ -248,7 +259,8 @@ async fn job_loop(
                 }
             }
             if missed > 0 {
-                report(&runtime, &job, next, &Ended::Missed(missed), Duration::ZERO);
+                let at = clock.now();
+                firer.report(next, &Ended::Missed(missed), (at, at));
             }
             after = last;
             if !runs_last {
@@ -258,20 +270,11 @@ async fn job_loop(
         }
         after = due;
         if running.as_ref().is_some_and(Aborting::is_running) {
-            report(
-                &runtime,
-                &job,
-                due,
-                &Ended::StillRunningHere,
-                Duration::ZERO,
-            );
+            let at = clock.now();
+            firer.report(due, &Ended::StillRunningHere, (at, at));
             continue;
         }
-        running = Some(Aborting(tokio::spawn(fire(
-            runtime.clone(),
-            job.clone(),
-            due,
-        ))));
+        running = Some(Aborting(tokio::spawn(fire(firer.clone(), due))));
     }
 }
 
@@ -287,9 +290,34 @@ enum Ended {
     Lost,
     StillRunningHere,
     Missed(u64),
+    /// The scheduler stopped before the firing's lock was taken.
+    StoppedFirst,
 }
 
 impl Ended {
+    /// What the job's journal says of it; `None` when another instance says it: a firing
+    /// another instance claimed (that one ran it, or journals why not), or one skipped here
+    /// because this instance still runs the previous one (the instance that claims the
+    /// firing finds the lock held and journals the skip).
+    fn journalled(&self) -> Option<RunOutcome> {
+        Some(match self {
+            Ended::Ok => RunOutcome::Ok,
+            Ended::Failed(e) => RunOutcome::Failed {
+                error: history::bounded(e),
+            },
+            Ended::Panicked(e) => RunOutcome::Failed {
+                error: history::bounded(&format!("panicked: {e}")),
+            },
+            Ended::HeldBy(holder) => RunOutcome::Skipped {
+                holder: holder.clone(),
+            },
+            Ended::OnceMarker => RunOutcome::AlreadyDone,
+            Ended::Lost => RunOutcome::Lost,
+            Ended::Missed(_) => RunOutcome::Missed,
+            Ended::AlreadyRun | Ended::StillRunningHere | Ended::StoppedFirst => return None,
+        })
+    }
+
     fn label(&self) -> &'static str {
         match self {
             Ended::Ok => "ok",
@@ -299,13 +327,16 @@ impl Ended {
             Ended::AlreadyRun | Ended::OnceMarker => "skipped_done",
             Ended::Missed(_) => "missed",
             Ended::Lost => "lost",
+            Ended::StoppedFirst => "stopped",
         }
     }
 }
 
 /// Runs one firing: the job's fn in a task of its own (a panic ends that task only), as the
 /// firing `at`, on `runtime`.
-async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
+async fn fire(mut firer: Firer, at: SystemTime) {
+    let (runtime, job) = (firer.runtime.clone(), firer.job.clone());
+    let began = firer.clock.now();
     let ctx = FiringContext::new(
         job.def.name,
         at,
@@ -326,6 +357,11 @@ async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
             (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
             (Some(Report::DoneMarker), _) => Ended::OnceMarker,
             (Some(Report::Lost), _) => Ended::Lost,
+            // The stop came before the job's lock was taken: not run here, nor failed (another
+            // instance may still run it).
+            (None, JobEnd::Failed(_)) if !job.def.local && runtime.inner.is_shut_down() => {
+                Ended::StoppedFirst
+            }
             (_, JobEnd::Failed(text)) => Ended::Failed(text),
             (Some(Report::Ran), _) => Ended::Ok,
             (None, _) if job.def.local => Ended::Ok,
@@ -336,7 +372,9 @@ async fn fire(runtime: LockRuntime, job: Arc<Job>, at: SystemTime) {
             }
         },
     };
-    report(&runtime, &job, at, &ended, started.elapsed());
+    let took = started.elapsed();
+    let ended_at = firer.clock.now();
+    firer.report_run(at, &ended, (began, ended_at), took, ctx.fence());
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -346,6 +384,37 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
         text.clone()
     } else {
         "a panic".to_owned()
+    }
+}
+
+impl Firer {
+    /// A firing that did not run here: reported, and journalled if this instance is the one
+    /// to say so.
+    fn report(&self, at: SystemTime, ended: &Ended, times: (SystemTime, SystemTime)) {
+        self.report_run(at, ended, times, Duration::ZERO, None);
+    }
+
+    /// A firing's end: the event, the metrics, and its run in the job's journal.
+    fn report_run(
+        &self,
+        at: SystemTime,
+        ended: &Ended,
+        (started_at, finished_at): (SystemTime, SystemTime),
+        took: Duration,
+        fence: Option<u64>,
+    ) {
+        report(&self.runtime, &self.job, at, ended, took);
+        if let Some(outcome) = ended.journalled() {
+            self.writer.write(Run {
+                job: self.job.def.name.to_owned(),
+                scheduled_at: at,
+                owner: self.runtime.owner().to_owned(),
+                started_at,
+                finished_at,
+                fence,
+                outcome,
+            });
+        }
     }
 }
 
@@ -386,6 +455,9 @@ fn report(runtime: &LockRuntime, job: &Job, at: SystemTime, ended: &Ended, took:
             "woke too late for this firing (and the next ones it names): missed, not run"
         ),
         Ended::Lost => tracing::warn!("the job lost its lock while it ran and was stopped"),
+        Ended::StoppedFirst => {
+            tracing::info!("not run: the scheduler stopped before the job's lock was taken")
+        }
     }
     crate::metrics::firing(job.def.name, ended.label(), took);
 }

@@ -1,7 +1,7 @@
 //! The firing a task runs (task-local), its marker in the store, and what the locked call
 //! reports back to the scheduler about it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +36,8 @@ pub(crate) struct FiringContext {
     report: Mutex<Option<Report>>,
     /// Taken by the job's own locked call; locked calls nested in its body are plain calls.
     turn: AtomicBool,
+    /// The fence of the job's lease, once it holds one (0: none yet).
+    fence: AtomicU64,
 }
 
 impl FiringContext {
@@ -54,7 +56,18 @@ impl FiringContext {
             report: Mutex::new(None),
             // A local job has no lock of its own: the locked calls in its body are plain.
             turn: AtomicBool::new(!local),
+            fence: AtomicU64::new(0),
         })
+    }
+
+    /// The job's own locked call holds its lease, of this fence.
+    pub(crate) fn holds(&self, fence: u64) {
+        self.fence.store(fence, Ordering::Release);
+    }
+
+    /// The fence of the job's lease, if it took one.
+    pub(crate) fn fence(&self) -> Option<u64> {
+        Some(self.fence.load(Ordering::Acquire)).filter(|&f| f > 0)
     }
 
     /// True for the first locked call of the firing only (the job's own).

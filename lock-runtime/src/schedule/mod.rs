@@ -24,6 +24,7 @@ pub(crate) mod spec;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use crate::store::Retention;
 use crate::{LockError, LockRuntime};
 use registry::ScheduledJob;
 
@@ -88,6 +89,8 @@ pub struct Scheduler {
     start: Option<SystemTime>,
     /// The jobs to choose from: `None`, every `#[scheduled]` fn of the binary.
     from: Option<Vec<&'static ScheduledJob>>,
+    /// What the run journals keep; `None`: no journal is written.
+    history: Option<Retention>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -107,7 +110,25 @@ impl Scheduler {
             only: None,
             start: None,
             from: None,
+            history: Some(Retention::new(
+                crate::history::DEFAULT_MAX_AGE,
+                crate::history::DEFAULT_MAX_RUNS,
+            )),
         }
+    }
+
+    /// How much of each job's run journal the store keeps (default: 30 days, at most 1,000
+    /// runs per job; see [`LockRuntime::history`]). A `max_runs` of 0 counts as 1.
+    pub fn history_retention(mut self, max_age: Duration, max_runs: usize) -> Self {
+        self.history = Some(Retention::new(max_age, max_runs));
+        self
+    }
+
+    /// Writes no run journal: firings are still logged and counted, but
+    /// [`LockRuntime::history`] and `lockctl history` show nothing of them.
+    pub fn without_history(mut self) -> Self {
+        self.history = None;
+        self
     }
 
     /// A scheduler of the given jobs only, not of the binary's registry (for the conformance
@@ -157,7 +178,7 @@ impl Scheduler {
         F: Future,
     {
         let jobs = engine::select(self.from.as_deref(), self.only.as_deref())?;
-        engine::run(self.runtime, jobs, self.start, signal).await;
+        engine::run(self.runtime, jobs, self.start, self.history, signal).await;
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::listing::LIST_TIMEOUT;
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseOutcome,
-    ReleaseWatch, Renewal, key_matches,
+    ReleaseWatch, Renewal, Retention, key_matches,
 };
 use crate::LockError;
 
@@ -41,6 +41,20 @@ pub(crate) trait DynStore: Send + Sync {
         fence: u64,
         ttl: Duration,
     ) -> StoreFuture<'a, bool>;
+    fn append_run<'a>(
+        &'a self,
+        namespace: &'a str,
+        job: &'a str,
+        entry: &'a str,
+        keep: &'a Retention,
+    ) -> StoreFuture<'a, ()>;
+    fn runs<'a>(
+        &'a self,
+        namespace: &'a str,
+        job: &'a str,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<String>>;
+    fn journalled_jobs<'a>(&'a self, namespace: &'a str) -> StoreFuture<'a, Vec<String>>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -82,6 +96,26 @@ impl<S: LockStore> DynStore for S {
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
         Box::pin(LockStore::raise_fence(self, names, token, fence, ttl))
+    }
+    fn append_run<'a>(
+        &'a self,
+        namespace: &'a str,
+        job: &'a str,
+        entry: &'a str,
+        keep: &'a Retention,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(LockStore::append_run(self, namespace, job, entry, keep))
+    }
+    fn runs<'a>(
+        &'a self,
+        namespace: &'a str,
+        job: &'a str,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(LockStore::runs(self, namespace, job, limit))
+    }
+    fn journalled_jobs<'a>(&'a self, namespace: &'a str) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(LockStore::journalled_jobs(self, namespace))
     }
 }
 
@@ -227,6 +261,42 @@ impl Backend {
     ) -> Result<bool, LockError> {
         let call = self.store.force_release(names, fence);
         self.within("a forced release", self.bound, call).await
+    }
+
+    /// Appends one run to the journal of `job`, trimmed to `keep`.
+    pub(crate) async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        let call = self.store.append_run(namespace, job, entry, keep);
+        self.within("a journal append", self.bound, call).await
+    }
+
+    /// The newest `limit` runs of `job`, newest first.
+    pub(crate) async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        let call = self.store.runs(namespace, job, limit);
+        let limit_time = self.bound.map(|bound| bound.max(LIST_TIMEOUT));
+        let mut runs = self.within("a journal read", limit_time, call).await?;
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    /// The jobs with a journal, sorted.
+    pub(crate) async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        let call = self.store.journalled_jobs(namespace);
+        let limit = self.bound.map(|bound| bound.max(LIST_TIMEOUT));
+        let mut jobs = self.within("a listing of journals", limit, call).await?;
+        jobs.sort();
+        jobs.dedup();
+        Ok(jobs)
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, RecordView, ReleaseOutcome, ReleaseWatch,
-    Renewal,
+    Renewal, Retention,
 };
 use crate::LockError;
 
@@ -300,4 +300,49 @@ pub trait LockStore: Send + Sync + 'static {
             ))
         }
     }
+
+    /// Appends `entry` (one run, as text) to the journal of `job` in `namespace`, then drops
+    /// what `keep` no longer allows: runs older than `keep.max_age` (since their append),
+    /// and beyond the newest `keep.max_runs`. Nothing of a journal may outlive
+    /// `keep.max_age` after its last append. The entry is opaque to the store. The default
+    /// declines with [`LockError::Unsupported`]: the scheduler then logs and counts each run
+    /// it could not journal, and runs its jobs as before.
+    fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        let _ = (namespace, job, entry, keep);
+        async { Err(no_history()) }
+    }
+
+    /// The newest `limit` entries of the journal of `job` in `namespace`, newest (last
+    /// appended) first; none for a job with no journal.
+    fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<String>, LockError>> + Send {
+        let _ = (namespace, job, limit);
+        async { Err(no_history()) }
+    }
+
+    /// The jobs of `namespace` that have a journal, in any order. Not on any hot path: a scan
+    /// is fine.
+    fn journalled_jobs(
+        &self,
+        namespace: &str,
+    ) -> impl Future<Output = Result<Vec<String>, LockError>> + Send {
+        let _ = namespace;
+        async { Err(no_history()) }
+    }
+}
+
+fn no_history() -> LockError {
+    LockError::Unsupported(
+        "this store keeps no run history (it does not implement LockStore::append_run)".to_owned(),
+    )
 }

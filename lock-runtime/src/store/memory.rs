@@ -1,6 +1,6 @@
 //! The in-process store: same semantics as Redis, driven by `tokio::time`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::listing::key_of_record;
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal, key_matches,
+    ReleaseOutcome, ReleaseWatch, Renewal, Retention, key_matches,
 };
 use crate::LockError;
 
@@ -52,6 +52,8 @@ struct Shared {
 struct State {
     records: HashMap<String, Record>,
     done: HashMap<String, Instant>,
+    /// The run journals, by namespace and job: each run with when it was appended.
+    journals: HashMap<(String, String), VecDeque<(Instant, String)>>,
     /// The last fence handed out, for any key. Fences are hybrid, as on Redis: one more than
     /// the last, and never below the clock in microseconds, so nothing is kept per key.
     last_fence: u64,
@@ -71,6 +73,7 @@ impl Default for State {
         State {
             records: HashMap::new(),
             done: HashMap::new(),
+            journals: HashMap::new(),
             last_fence: 0,
             clock_base_us: wall_us,
             clock_base: Instant::now(),
@@ -311,6 +314,61 @@ impl MemoryStore {
         }
     }
 
+    fn append_run_now(&self, namespace: &str, job: &str, entry: &str, keep: &Retention) {
+        let now = Instant::now();
+        let mut state = self.state();
+        // Every append sweeps the namespace's journals gone past its age, so a journal
+        // nobody appends to any more goes too.
+        state.journals.retain(|(ns, _), runs| {
+            while ns == namespace
+                && runs
+                    .front()
+                    .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= keep.max_age)
+            {
+                runs.pop_front();
+            }
+            !runs.is_empty()
+        });
+        let runs = state
+            .journals
+            .entry((namespace.to_owned(), job.to_owned()))
+            .or_default();
+        runs.push_back((now, entry.to_owned()));
+        while runs.len() > keep.max_runs {
+            runs.pop_front();
+        }
+        if runs.is_empty() {
+            state
+                .journals
+                .remove(&(namespace.to_owned(), job.to_owned()));
+        }
+    }
+
+    fn runs_now(&self, namespace: &str, job: &str, limit: usize) -> Vec<String> {
+        let state = self.state();
+        state
+            .journals
+            .get(&(namespace.to_owned(), job.to_owned()))
+            .map(|runs| {
+                runs.iter()
+                    .rev()
+                    .take(limit)
+                    .map(|(_, e)| e.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn journalled_jobs_now(&self, namespace: &str) -> Vec<String> {
+        let state = self.state();
+        state
+            .journals
+            .keys()
+            .filter(|(ns, _)| ns == namespace)
+            .map(|(_, job)| job.clone())
+            .collect()
+    }
+
     fn watch_releases_now(&self, names: &KeyNames) -> ReleaseWatch {
         self.shared.hub.subscribe(&names.channel)
     }
@@ -364,5 +422,29 @@ impl LockStore for MemoryStore {
 
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         Ok(self.force_release_now(names, fence))
+    }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_now(namespace, job, entry, keep);
+        Ok(())
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        Ok(self.runs_now(namespace, job, limit))
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        Ok(self.journalled_jobs_now(namespace))
     }
 }

@@ -5,7 +5,8 @@
 //! [`LockRuntimeBuilder::store`](crate::LockRuntimeBuilder::store). The runtime brings
 //! everything else (tokens, validity, the watchdog, waiting, shutdown); a store answers the
 //! calls of [`LockStore`] with the semantics written on each (five that locking needs, two
-//! for operators: `list` and `force_release`).
+//! for operators: `list` and `force_release`, and three for the run history of scheduled
+//! jobs, which a store may decline).
 
 mod choice;
 mod dispatch;
@@ -50,4 +51,5 @@ pub(crate) use redlock::{DEFAULT_NODE_TIMEOUT, RedlockBackend};
 pub use tokio_postgres;
 pub use types::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, RecordView, ReleaseOutcome, Renewal,
+    Retention,
 };

@@ -182,3 +182,22 @@ pub struct AcquireRequest<'a> {
     /// Refuse with [`AcquireOutcome::Done`] while the `once` marker of this lock lives.
     pub once: bool,
 }
+
+/// How much of a job's run journal a store keeps: runs younger than `max_age`, and of those
+/// the newest `max_runs`. Both bounds hold after every append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// Runs older than this (since their append) are dropped; a journal with no append for
+    /// this long goes altogether.
+    pub max_age: Duration,
+    /// At most this many runs per job are kept, the newest.
+    pub max_runs: usize,
+}
+
+impl Retention {
+    /// Keep runs for `max_age`, at most `max_runs` per job.
+    pub fn new(max_age: Duration, max_runs: usize) -> Self {
+        Retention { max_age, max_runs }
+    }
+}

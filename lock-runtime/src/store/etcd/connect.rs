@@ -96,6 +96,7 @@ impl EtcdBackend {
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),
             written: Mutex::new(HashMap::new()),
+            journal_leases: Mutex::new(HashMap::new()),
         })
     }
 }

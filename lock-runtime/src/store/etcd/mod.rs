@@ -31,6 +31,7 @@ use tokio::sync::OnceCell;
 
 mod conn;
 mod connect;
+mod journal;
 mod renew;
 pub(crate) mod step;
 mod watch;
@@ -41,7 +42,7 @@ use self::conn::Conn;
 
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber, key_matches, key_of_record,
+    ReleaseOutcome, ReleaseWatch, Renewal, Retention, Subscriber, key_matches, key_of_record,
 };
 use crate::error::scrub;
 use crate::{BackendError, LockError};
@@ -80,6 +81,8 @@ pub(crate) struct EtcdBackend {
     /// transaction, without reading it first; without an entry (another runtime's lease, a
     /// full table) it reads first.
     written: Mutex<HashMap<String, Vec<u8>>>,
+    /// The lease each run journal's keys are put on, with when it was granted.
+    journal_leases: Mutex<HashMap<String, (i64, tokio::time::Instant)>>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -336,6 +339,29 @@ impl LockStore for EtcdBackend {
             )
             .await?;
         Ok(answer.succeeded())
+    }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_key(namespace, job, entry, keep).await
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        self.run_keys(namespace, job, limit).await
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        self.jobs_with_keys(namespace).await
     }
 }
 

@@ -16,7 +16,7 @@ use tokio_postgres::{Client, Statement};
 use super::hub::lock;
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal,
+    ReleaseOutcome, ReleaseWatch, Renewal, Retention,
 };
 use crate::config::millis_ceil;
 use crate::error::scrub;
@@ -412,6 +412,29 @@ impl LockStore for PostgresBackend {
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         self.force_release_record(names, fence).await
     }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_row(namespace, job, entry, keep).await
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        self.run_rows(namespace, job, limit).await
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        self.journal_jobs(namespace).await
+    }
 }
 
 impl PostgresBackend {
@@ -550,48 +573,4 @@ pub(crate) fn shown_url(url: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_shown_without_passwords() {
-        for (url, shown) in [
-            (
-                "postgres://app:hunter2@127.0.0.1:5432/db",
-                "postgres://app@127.0.0.1:5432/db",
-            ),
-            (
-                "postgres://127.0.0.1/db?user=app&password=hunter2&sslmode=disable",
-                "postgres://app@127.0.0.1:5432/db",
-            ),
-            (
-                "host=127.0.0.1 port=5433 password = hunter2 user=app dbname=db",
-                "postgres://app@127.0.0.1:5433/db",
-            ),
-            (
-                "host=127.0.0.1 password='hunter2 and more' user=app",
-                "postgres://app@127.0.0.1/",
-            ),
-            (
-                "postgres://app:hunter2@127.0.0.1:nope/db",
-                "<an unparsable PostgreSQL URL>",
-            ),
-        ] {
-            assert_eq!(shown_url(url), shown, "{url}");
-        }
-    }
-
-    #[test]
-    fn an_unencoded_at_in_the_password_is_refused() {
-        assert!(check_url("postgres://app:p@ss@db/x").is_err());
-        assert!(check_url("postgres://app:p%40ss@db/x").is_ok());
-        assert!(check_url("host=db password=p@ss").is_ok());
-    }
-
-    #[test]
-    fn milliseconds_round_up() {
-        assert_eq!(millis(Duration::from_micros(1)), 1);
-        assert_eq!(millis(Duration::from_millis(30_000)), 30_000);
-        assert_eq!(duration(-5), Duration::ZERO);
-    }
-}
+mod tests;

@@ -2,7 +2,7 @@
 //! lockctl): rare calls, so their statements are not prepared on every connection.
 
 use super::super::listing::{key_of_record, like_pattern};
-use super::super::{KeyNames, RecordView};
+use super::super::{KeyNames, RecordView, Retention};
 use super::{PostgresBackend, duration};
 use crate::LockError;
 
@@ -65,5 +65,58 @@ impl PostgresBackend {
                     .error(&format!("forced release of `{}` failed", names.key()), e)
             })?;
         Ok(!rows.is_empty())
+    }
+
+    /// Appends one run to the journal of `job`, trimmed to `keep`.
+    pub(super) async fn append_run_row(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        let s = self.shared.session().await?;
+        let age_ms = i64::try_from(keep.max_age.as_millis()).unwrap_or(i64::MAX);
+        let max_runs = i64::try_from(keep.max_runs.max(1)).unwrap_or(i64::MAX);
+        s.client
+            .execute(
+                &self.shared.table.append_run(),
+                &[&namespace, &job, &entry, &age_ms, &max_runs],
+            )
+            .await
+            .map_err(|e| self.shared.error("appending to a run journal failed", e))?;
+        Ok(())
+    }
+
+    /// The newest `limit` runs of `job`, newest first.
+    pub(super) async fn run_rows(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        let s = self.shared.session().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = s
+            .client
+            .query(&self.shared.table.runs(), &[&namespace, &job, &limit])
+            .await
+            .map_err(|e| self.shared.error("reading a run journal failed", e))?;
+        rows.iter()
+            .map(|row| row.try_get::<_, String>(0).map_err(|e| self.decode(e)))
+            .collect()
+    }
+
+    /// The jobs of `namespace` with a journal.
+    pub(super) async fn journal_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        let s = self.shared.session().await?;
+        let rows = s
+            .client
+            .query(&self.shared.table.journalled_jobs(), &[&namespace])
+            .await
+            .map_err(|e| self.shared.error("listing the run journals failed", e))?;
+        rows.iter()
+            .map(|row| row.try_get::<_, String>(0).map_err(|e| self.decode(e)))
+            .collect()
     }
 }

@@ -82,6 +82,7 @@ impl Shared {
             .await
             .map_err(|e| self.error("cannot look up the lock table", e))?
         {
+            self.ensure_journal(client).await;
             return self.check_sequence(client).await;
         }
         match client.batch_execute(&self.table.create()).await {
@@ -103,6 +104,28 @@ impl Shared {
                 )))
             }
             Err(e) => Err(self.error("cannot create the lock table", e)),
+        }
+    }
+
+    /// Creates the run journal's table when a lock table made by an earlier version lacks it.
+    /// Best effort: without it the locks work as before, and each run the scheduler cannot
+    /// journal is logged and counted.
+    async fn ensure_journal(&self, client: &Client) {
+        let present = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&self.table.runs])
+            .await
+            .and_then(|row| row.try_get::<_, bool>(0));
+        if matches!(present, Ok(true)) {
+            return;
+        }
+        if let Err(e) = client.batch_execute(&self.table.create_journal()).await {
+            tracing::warn!(
+                table = %self.table.runs,
+                error = %self.error("creating the run journal's table", e),
+                "the run journal's table is missing and could not be created: scheduled jobs \
+                 run, but keep no history until its owner runs: {}",
+                self.table.create_journal().split_whitespace().collect::<Vec<_>>().join(" ")
+            );
         }
     }
 

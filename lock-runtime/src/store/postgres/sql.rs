@@ -17,6 +17,8 @@ pub(super) struct Table {
     pub(super) channel: String,
     /// The sequence fences come from.
     pub(super) sequence: String,
+    /// The run journals of scheduled jobs.
+    pub(super) runs: String,
 }
 
 impl Table {
@@ -42,6 +44,7 @@ impl Table {
             name: name.to_owned(),
             channel: format!("{name}_released"),
             sequence: format!("{name}_fence"),
+            runs: format!("{name}_runs"),
         })
     }
 
@@ -60,9 +63,61 @@ impl Table {
                 wanted         boolean NOT NULL DEFAULT false
             );
             ALTER TABLE {t} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false;
-            CREATE SEQUENCE IF NOT EXISTS {s};",
+            CREATE SEQUENCE IF NOT EXISTS {s};
+            {j}",
             t = self.name,
-            s = self.sequence
+            s = self.sequence,
+            j = self.create_journal()
+        )
+    }
+
+    /// The run journal's table and indexes, created if missing.
+    pub(super) fn create_journal(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {r} (
+                id          bigserial PRIMARY KEY,
+                namespace   text NOT NULL,
+                job         text NOT NULL,
+                appended_at timestamptz NOT NULL,
+                entry       text NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS {r}_job ON {r} (namespace, job, id);
+            CREATE INDEX IF NOT EXISTS {r}_age ON {r} (namespace, appended_at);",
+            r = self.runs
+        )
+    }
+
+    /// `$1` namespace, `$2` job, `$3` entry, `$4` max age ms, `$5` max runs (at least 1).
+    /// Appends the run, then drops the namespace's runs older than the age and this job's
+    /// beyond the count (the delete does not see the new row: it keeps `$5 - 1` of the old).
+    pub(super) fn append_run(&self) -> String {
+        format!(
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),
+             added AS (INSERT INTO {r} (namespace, job, appended_at, entry)
+                       SELECT $1, $2, now.t, $3 FROM now RETURNING id)
+             DELETE FROM {r} USING now
+             WHERE {r}.namespace = $1
+               AND ({r}.appended_at < now.t - $4::bigint * interval '1 millisecond'
+                    OR ({r}.job = $2 AND {r}.id <= (
+                        SELECT old.id FROM {r} old WHERE old.namespace = $1 AND old.job = $2
+                        ORDER BY old.id DESC OFFSET $5::bigint - 1 LIMIT 1)))",
+            r = self.runs
+        )
+    }
+
+    /// `$1` namespace, `$2` job, `$3` limit: the newest runs first.
+    pub(super) fn runs(&self) -> String {
+        format!(
+            "SELECT entry FROM {r} WHERE namespace = $1 AND job = $2 ORDER BY id DESC LIMIT $3",
+            r = self.runs
+        )
+    }
+
+    /// `$1` namespace: the jobs with a journal.
+    pub(super) fn journalled_jobs(&self) -> String {
+        format!(
+            "SELECT DISTINCT job FROM {r} WHERE namespace = $1",
+            r = self.runs
         )
     }
 

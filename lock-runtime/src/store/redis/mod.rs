@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 mod client;
 mod conn;
 mod connect;
+mod journal;
 mod operator;
 mod options;
 mod replication;
@@ -29,7 +30,7 @@ use self::scripts::{ACQUIRE_LUA, Scripts};
 use self::sentinel::{SentinelConn, is_readonly};
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber,
+    ReleaseOutcome, ReleaseWatch, Renewal, Retention, Subscriber,
 };
 use crate::config::millis_ceil;
 use crate::{BackendError, LockError};
@@ -272,6 +273,29 @@ impl LockStore for RedisBackend {
 
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         self.remove_if_fenced(names, fence).await
+    }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_to_stream(namespace, job, entry, keep).await
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        self.runs_of_stream(namespace, job, limit).await
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        self.jobs_with_streams(namespace).await
     }
 }
 

@@ -22,41 +22,9 @@ impl RedisBackend {
         namespace: &str,
         pattern: &str,
     ) -> Result<Vec<(String, RecordView)>, LockError> {
-        let scan_match = redis_match(namespace, pattern);
-        let records = match &self.conn {
-            Conn::Cluster(cluster) => {
-                let mut records = Vec::new();
-                for (slot, node) in self.cluster_masters().await? {
-                    // Routed by a slot the master serves, so the cluster connection reaches it
-                    // by its own view of the topology, whatever CLUSTER SLOTS says for a host.
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::new(slot, SlotAddr::Master),
-                    ));
-                    let mut scan = |cmd: redis::Cmd| {
-                        let (route, mut cluster) = (route.clone(), cluster.clone());
-                        async move { cluster.route_command(cmd, route).await }
-                    };
-                    records.extend(
-                        scan_all(&scan_match, &mut scan)
-                            .await
-                            .map_err(|e| self.error(&format!("SCAN of master {node}"), e))?,
-                    );
-                }
-                // A key moving between masters during the scan may be seen on both.
-                records.sort();
-                records.dedup();
-                records
-            }
-            conn => {
-                let mut scan = |cmd: redis::Cmd| {
-                    let mut conn = conn.clone();
-                    async move { cmd.query_async::<Value>(&mut conn).await }
-                };
-                scan_all(&scan_match, &mut scan)
-                    .await
-                    .map_err(|e| self.error("SCAN of the lock records", e))?
-            }
-        };
+        let records = self
+            .scan_keys(&redis_match(namespace, pattern), "hash", "the lock records")
+            .await?;
         let mut listed = Vec::new();
         for record in records {
             let Some(key) = key_of_record(namespace, &record) else {
@@ -74,6 +42,50 @@ impl RedisBackend {
             }
         }
         Ok(listed)
+    }
+
+    /// Every key of type `kind` matching `scan_match` (a SCAN pattern), on every master of a
+    /// Cluster; `what` names them in errors.
+    pub(super) async fn scan_keys(
+        &self,
+        scan_match: &str,
+        kind: &str,
+        what: &str,
+    ) -> Result<Vec<String>, LockError> {
+        let keys =
+            match &self.conn {
+                Conn::Cluster(cluster) => {
+                    let mut keys = Vec::new();
+                    for (slot, node) in self.cluster_masters().await? {
+                        // Routed by a slot the master serves, so the cluster connection reaches it
+                        // by its own view of the topology, whatever CLUSTER SLOTS says for a host.
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                            Route::new(slot, SlotAddr::Master),
+                        ));
+                        let mut scan = |cmd: redis::Cmd| {
+                            let (route, mut cluster) = (route.clone(), cluster.clone());
+                            async move { cluster.route_command(cmd, route).await }
+                        };
+                        keys.extend(scan_all(scan_match, kind, &mut scan).await.map_err(|e| {
+                            self.error(&format!("SCAN of {what} on master {node}"), e)
+                        })?);
+                    }
+                    // A key moving between masters during the scan may be seen on both.
+                    keys.sort();
+                    keys.dedup();
+                    keys
+                }
+                conn => {
+                    let mut scan = |cmd: redis::Cmd| {
+                        let mut conn = conn.clone();
+                        async move { cmd.query_async::<Value>(&mut conn).await }
+                    };
+                    scan_all(scan_match, kind, &mut scan)
+                        .await
+                        .map_err(|e| self.error(&format!("SCAN of {what}"), e))?
+                }
+            };
+        Ok(keys)
     }
 
     /// Removes the record if it carries `fence`, whatever its token, and announces the release.
@@ -149,8 +161,12 @@ impl RedisBackend {
     }
 }
 
-/// Every key one server's SCAN yields for `pattern` (hashes only), through `send`.
-async fn scan_all<F, Fut>(pattern: &str, send: &mut F) -> redis::RedisResult<Vec<String>>
+/// Every key of type `kind` one server's SCAN yields for `pattern`, through `send`.
+async fn scan_all<F, Fut>(
+    pattern: &str,
+    kind: &str,
+    send: &mut F,
+) -> redis::RedisResult<Vec<String>>
 where
     F: FnMut(redis::Cmd) -> Fut,
     Fut: std::future::Future<Output = redis::RedisResult<Value>>,
@@ -165,7 +181,7 @@ where
             .arg("COUNT")
             .arg(SCAN_COUNT)
             .arg("TYPE")
-            .arg("hash");
+            .arg(kind);
         let (next, batch): (u64, Vec<String>) = redis::from_redis_value(send(cmd).await?)?;
         keys.extend(batch);
         if next == 0 {

@@ -10,12 +10,13 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+mod journal;
 mod watch;
 
 use super::listing::{LIST_TIMEOUT, combine_masters, combine_one};
 use super::{
     AcquireOutcome, AcquireRequest, DynStore, ExtendItem, KeyNames, LockStore, RecordView,
-    RedisBackend, RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal,
+    RedisBackend, RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal, Retention,
 };
 use crate::config::{drift, jitter};
 use crate::{BackendError, LockError};
@@ -554,6 +555,30 @@ impl LockStore for RedlockBackend {
         }
         self.enough_answered(&format!("forced release of `{}`", names.key), &errors)?;
         Ok(removed)
+    }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_everywhere(namespace, job, entry, keep)
+            .await
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        self.runs_joined(namespace, job, limit).await
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        self.jobs_joined(namespace).await
     }
 
     async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {

@@ -1,0 +1,154 @@
+//! A run as one line of text, the form every store keeps it in: stores need not know its
+//! fields, and a store plugged in by a user stores a string.
+//!
+//! `r1`, then the fields, separated by U+001F (unit separator); `%` and U+001F inside a text
+//! field are written `%25` and `%1F`. Times are milliseconds since the Unix epoch.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{Run, RunOutcome};
+
+const SEP: char = '\u{1f}';
+const VERSION: &str = "r1";
+
+fn escape(text: &str) -> String {
+    text.replace('%', "%25").replace(SEP, "%1F")
+}
+
+fn unescape(text: &str) -> String {
+    text.replace("%1F", "\u{1f}").replace("%25", "%")
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn time(field: &str) -> Option<SystemTime> {
+    field
+        .parse::<u64>()
+        .ok()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// The run as its journal line.
+pub(crate) fn encode(run: &Run) -> String {
+    let detail = match &run.outcome {
+        RunOutcome::Failed { error } => escape(error),
+        RunOutcome::Skipped { holder: Some(h) } => escape(h),
+        _ => String::new(),
+    };
+    let fence = run.fence.map(|f| f.to_string()).unwrap_or_default();
+    [
+        VERSION.to_owned(),
+        escape(&run.job),
+        ms(run.scheduled_at).to_string(),
+        escape(&run.owner),
+        ms(run.started_at).to_string(),
+        ms(run.finished_at).to_string(),
+        fence,
+        run.outcome.label().to_owned(),
+        detail,
+    ]
+    .join(&SEP.to_string())
+}
+
+/// The run a journal line holds; `None` for a line this version cannot read (written by a
+/// later one, or not by the runtime).
+pub(crate) fn decode(line: &str) -> Option<Run> {
+    let fields: Vec<&str> = line.split(SEP).collect();
+    let [
+        version,
+        job,
+        scheduled,
+        owner,
+        started,
+        finished,
+        fence,
+        label,
+        detail,
+    ] = fields.as_slice()
+    else {
+        return None;
+    };
+    if *version != VERSION {
+        return None;
+    }
+    let detail = unescape(detail);
+    let outcome = match *label {
+        "ok" => RunOutcome::Ok,
+        "failed" => RunOutcome::Failed { error: detail },
+        "skipped" => RunOutcome::Skipped {
+            holder: (!detail.is_empty()).then_some(detail),
+        },
+        "already_done" => RunOutcome::AlreadyDone,
+        "missed" => RunOutcome::Missed,
+        "lost" => RunOutcome::Lost,
+        "crashed" => RunOutcome::Crashed,
+        _ => return None,
+    };
+    let fence = match *fence {
+        "" => None,
+        f => Some(f.parse().ok()?),
+    };
+    Some(Run {
+        job: unescape(job),
+        scheduled_at: time(scheduled)?,
+        owner: unescape(owner),
+        started_at: time(started)?,
+        finished_at: time(finished)?,
+        fence,
+        outcome,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(outcome: RunOutcome, fence: Option<u64>) -> Run {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_640_800_000);
+        Run {
+            job: "post%interest\u{1f}".to_owned(),
+            scheduled_at: at,
+            owner: "host-1:42".to_owned(),
+            started_at: at + Duration::from_millis(3),
+            finished_at: at + Duration::from_millis(53),
+            fence,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn every_outcome_reads_back_as_written() {
+        let outcomes = [
+            RunOutcome::Ok,
+            RunOutcome::Failed {
+                error: "100% \u{1f} gone %1F".to_owned(),
+            },
+            RunOutcome::Skipped {
+                holder: Some("b".to_owned()),
+            },
+            RunOutcome::Skipped { holder: None },
+            RunOutcome::AlreadyDone,
+            RunOutcome::Missed,
+            RunOutcome::Lost,
+            RunOutcome::Crashed,
+        ];
+        for outcome in outcomes {
+            for fence in [None, Some(0), Some(u64::MAX)] {
+                let written = run(outcome.clone(), fence);
+                assert_eq!(decode(&encode(&written)), Some(written));
+            }
+        }
+    }
+
+    #[test]
+    fn a_line_of_another_version_or_shape_is_not_read() {
+        let line = encode(&run(RunOutcome::Ok, Some(7)));
+        assert!(decode(&line.replacen("r1", "r2", 1)).is_none());
+        assert!(decode(&line.replace("\u{1f}ok\u{1f}", "\u{1f}fine\u{1f}")).is_none());
+        assert!(decode("").is_none());
+        assert!(decode("r1\u{1f}job").is_none());
+    }
+}

@@ -1,0 +1,187 @@
+//! `lockctl jobs` and `lockctl history JOB`: the run journals of scheduled jobs, read through
+//! `LockRuntime::journalled_jobs` and `LockRuntime::history`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use lock_runtime::{LockRuntime, Run, RunOutcome};
+
+/// How many runs `history` shows at most by default.
+pub(crate) const DEFAULT_LIMIT: usize = 50;
+
+/// `--since`: a duration back from now (`90s`, `30m`, `24h`, `7d`) or an RFC 3339 instant.
+pub(crate) fn parse_since(text: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(SystemTime::from(at));
+    }
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--since takes a duration (90s, 30m, 24h, 7d) or an RFC 3339 time, not `{text}`"
+        )
+    })?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => anyhow::bail!(
+            "--since takes a duration (90s, 30m, 24h, 7d) or an RFC 3339 time, not `{text}`"
+        ),
+    };
+    Ok(now
+        .checked_sub(Duration::from_secs(secs))
+        .unwrap_or(UNIX_EPOCH))
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn took_ms(run: &Run) -> u64 {
+    run.finished_at()
+        .duration_since(run.started_at())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn detail(outcome: &RunOutcome) -> Option<String> {
+    match outcome {
+        RunOutcome::Failed { error } => Some(error.clone()),
+        RunOutcome::Skipped { holder } => holder.clone(),
+        _ => None,
+    }
+}
+
+fn run_json(run: &Run) -> serde_json::Value {
+    serde_json::json!({
+        "job": run.job(),
+        "scheduled_at": rfc3339(run.scheduled_at()),
+        "owner": run.owner(),
+        "started_at": rfc3339(run.started_at()),
+        "finished_at": rfc3339(run.finished_at()),
+        "took_ms": took_ms(run),
+        "fence": run.fence(),
+        "outcome": run.outcome().label(),
+        "detail": detail(run.outcome()),
+    })
+}
+
+/// The runs of `job` scheduled at or after `since`, newest first, at most `limit`.
+pub(crate) async fn history(
+    runtime: &LockRuntime,
+    job: &str,
+    limit: usize,
+    since: Option<SystemTime>,
+    json: bool,
+) -> anyhow::Result<(String, usize)> {
+    let mut runs = runtime.history(job, limit).await?;
+    if let Some(since) = since {
+        runs.retain(|r| r.scheduled_at() >= since);
+    }
+    let text = if json {
+        let all: Vec<_> = runs.iter().map(run_json).collect();
+        format!("{}\n", serde_json::Value::Array(all))
+    } else if runs.is_empty() {
+        format!("no runs of `{job}` in its journal\n")
+    } else {
+        let rows: Vec<[String; 5]> = runs
+            .iter()
+            .map(|r| {
+                [
+                    rfc3339(r.scheduled_at()),
+                    r.owner().to_owned(),
+                    r.outcome().to_string(),
+                    format!("{} ms", took_ms(r)),
+                    r.fence()
+                        .map(|f| f.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        table(["SCHEDULED", "INSTANCE", "OUTCOME", "TOOK", "FENCE"], &rows)
+    };
+    Ok((text, runs.len()))
+}
+
+/// Every job with a journal, with its last run.
+pub(crate) async fn jobs(runtime: &LockRuntime, json: bool) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    let mut all = Vec::new();
+    for job in runtime.journalled_jobs().await? {
+        let last = runtime.history(&job, 1).await?.into_iter().next();
+        if json {
+            all.push(serde_json::json!({ "job": job, "last_run": last.as_ref().map(run_json) }));
+        }
+        rows.push(match last {
+            Some(r) => [
+                job,
+                rfc3339(r.scheduled_at()),
+                r.owner().to_owned(),
+                r.outcome().to_string(),
+            ],
+            None => [job, "-".into(), "-".into(), "-".into()],
+        });
+    }
+    Ok(if json {
+        format!("{}\n", serde_json::Value::Array(all))
+    } else if rows.is_empty() {
+        "no scheduled job has a journal in this namespace\n".to_owned()
+    } else {
+        table(["JOB", "LAST FIRING", "INSTANCE", "OUTCOME"], &rows)
+    })
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table<const N: usize>(head: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths: [usize; N] = head.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(head.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_reads_durations_and_instants_and_refuses_the_rest() {
+        let now = UNIX_EPOCH + Duration::from_secs(10 * 86_400);
+        assert_eq!(
+            parse_since("90s", now).ok(),
+            Some(now - Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_since("2d", now).ok(),
+            Some(now - Duration::from_secs(2 * 86_400))
+        );
+        assert_eq!(
+            parse_since("1970-01-02T00:00:00Z", now).ok(),
+            Some(UNIX_EPOCH + Duration::from_secs(86_400))
+        );
+        for bad in ["", "5", "5w", "h", "yesterday"] {
+            assert!(parse_since(bad, now).is_err(), "`{bad}` was accepted");
+        }
+    }
+}
