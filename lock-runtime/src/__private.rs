@@ -359,7 +359,10 @@ where
     let mut retry_marker = None;
     if let Some(firing) = &firing {
         match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
-            Ok(marker::Claim::Mine(guard)) => retry_marker = guard,
+            Ok(marker::Claim::Mine(guard)) => {
+                firing.claimed();
+                retry_marker = guard;
+            }
             Ok(marker::Claim::Taken) => {
                 firing.report(Report::AlreadyRun);
                 return Outcome::Skipped;

@@ -23,17 +23,17 @@ pub(crate) fn parse_since(text: &str, now: SystemTime) -> anyhow::Result<SystemT
             "--since takes a duration (90s, 30m, 24h, 7d) or an RFC 3339 time, not `{text}`"
         )
     })?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
         _ => anyhow::bail!(
             "--since takes a duration (90s, 30m, 24h, 7d) or an RFC 3339 time, not `{text}`"
         ),
     };
-    Ok(now
-        .checked_sub(Duration::from_secs(secs))
+    Ok(n.checked_mul(per)
+        .and_then(|secs| now.checked_sub(Duration::from_secs(secs)))
         .unwrap_or(UNIX_EPOCH))
 }
 
@@ -179,6 +179,10 @@ mod tests {
         assert_eq!(
             parse_since("1970-01-02T00:00:00Z", now).ok(),
             Some(UNIX_EPOCH + Duration::from_secs(86_400))
+        );
+        assert_eq!(
+            parse_since("99999999999999999d", now).ok(),
+            Some(UNIX_EPOCH)
         );
         for bad in ["", "5", "5w", "h", "yesterday"] {
             assert!(parse_since(bad, now).is_err(), "`{bad}` was accepted");

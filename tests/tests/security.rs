@@ -12,11 +12,18 @@ use lock_tests::RedisServer;
 /// The minimal ACL rule for a lock user of namespace `lock`, as documented in docs/security.md.
 const LOCK_USER_ACL: &str = "on >s3cret-lock-pw ~lock:* resetchannels &lock:* -@all +ping +hello \
 +evalsha +eval +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait \
-+pttl +type +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish";
++pttl +type +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish \
++xadd +xtrim +xrevrange +scan";
 
 #[distributed_lock(key = "acl-job", ttl = "1s", once = "1h")]
 async fn once_job() -> Result<Option<u32>, LockError> {
     Ok(Some(1))
+}
+
+#[lock_runtime::scheduled(every = "1s", name = "acl-scheduled")]
+#[distributed_lock(key = "acl-scheduled", ttl = "5s")]
+async fn scheduled_job() -> Result<(), LockError> {
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,6 +58,19 @@ async fn a_restricted_acl_user_can_do_everything_the_runtime_needs() {
     assert!(held.release().await.expect("release with min_hold"));
     assert_eq!(a.scope(once_job()).await.expect("ran"), Some(1));
     assert_eq!(a.scope(once_job()).await.expect("skipped"), None);
+    // A scheduled job's firings, their markers and its run journal.
+    let scheduler = LockRuntime::builder().redis(url.as_str()).built().await;
+    lock_runtime::Scheduler::new(scheduler)
+        .only(["acl-scheduled"])
+        .run_until(tokio::time::sleep(Duration::from_millis(2_100)))
+        .await
+        .expect("the scheduler ran");
+    let runs = a.history("acl-scheduled", 10).await.expect("history");
+    assert!(!runs.is_empty(), "no run journalled as the ACL user");
+    assert_eq!(
+        a.journalled_jobs().await.expect("journalled jobs"),
+        ["acl-scheduled"]
+    );
 
     // Outside its key pattern the user is refused.
     let other_ns = LockRuntime::builder()

@@ -1,8 +1,8 @@
 //! A run as one line of text, the form every store keeps it in: stores need not know its
 //! fields, and a store plugged in by a user stores a string.
 //!
-//! `r1`, then the fields, separated by U+001F (unit separator); `%` and U+001F inside a text
-//! field are written `%25` and `%1F`. Times are milliseconds since the Unix epoch.
+//! `r1`, then the fields, separated by U+001F (unit separator); `%`, U+001F and NUL (which
+//! PostgreSQL's `text` refuses) inside a text field are written `%25`, `%1F` and `%00`. Times are milliseconds since the Unix epoch.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,11 +12,15 @@ const SEP: char = '\u{1f}';
 const VERSION: &str = "r1";
 
 fn escape(text: &str) -> String {
-    text.replace('%', "%25").replace(SEP, "%1F")
+    text.replace('%', "%25")
+        .replace(SEP, "%1F")
+        .replace('\0', "%00")
 }
 
 fn unescape(text: &str) -> String {
-    text.replace("%1F", "\u{1f}").replace("%25", "%")
+    text.replace("%1F", "\u{1f}")
+        .replace("%00", "\0")
+        .replace("%25", "%")
 }
 
 fn ms(t: SystemTime) -> u64 {
@@ -124,7 +128,7 @@ mod tests {
         let outcomes = [
             RunOutcome::Ok,
             RunOutcome::Failed {
-                error: "100% \u{1f} gone %1F".to_owned(),
+                error: "100% \u{1f} gone %1F \0 %00 %%2500".to_owned(),
             },
             RunOutcome::Skipped {
                 holder: Some("b".to_owned()),

@@ -39,8 +39,16 @@ impl Writer {
                 let written = backend
                     .append_run(runtime.namespace(), &run.job, &encode(&run), &keep)
                     .await;
-                if let Err(e) = written {
-                    gap(&run.job, &format!("the store did not take it: {e}"));
+                match written {
+                    Ok(()) => {}
+                    // Said once, not at every firing: this store keeps no history.
+                    Err(e @ crate::LockError::Unsupported(_)) => {
+                        tracing::info!("no run journal is written: {e}");
+                        runs.close();
+                        while runs.recv().await.is_some() {}
+                        return;
+                    }
+                    Err(e) => gap(&run.job, &format!("the store did not take it: {e}")),
                 }
             }
         });
@@ -50,6 +58,9 @@ impl Writer {
     /// Queues `run` for its journal, without waiting.
     pub(crate) fn write(&self, run: Run) {
         let Some(queue) = &self.queue else { return };
+        if queue.is_closed() {
+            return; // the store keeps no history
+        }
         if let Err(e) = queue.try_send(run) {
             let (job, why) = match e {
                 mpsc::error::TrySendError::Full(run) => (run.job, "the journal queue is full"),

@@ -299,7 +299,7 @@ impl Ended {
     /// another instance claimed (that one ran it, or journals why not), or one skipped here
     /// because this instance still runs the previous one (the instance that claims the
     /// firing finds the lock held and journals the skip).
-    fn journalled(&self) -> Option<RunOutcome> {
+    fn journalled(&self, local: bool) -> Option<RunOutcome> {
         Some(match self {
             Ended::Ok => RunOutcome::Ok,
             Ended::Failed(e) => RunOutcome::Failed {
@@ -314,6 +314,8 @@ impl Ended {
             Ended::OnceMarker => RunOutcome::AlreadyDone,
             Ended::Lost => RunOutcome::Lost,
             Ended::Missed(_) => RunOutcome::Missed,
+            // A local job runs on every instance: each says what it skipped.
+            Ended::StillRunningHere if local => RunOutcome::Skipped { holder: None },
             Ended::AlreadyRun | Ended::StillRunningHere | Ended::StoppedFirst => return None,
         })
     }
@@ -357,10 +359,15 @@ async fn fire(mut firer: Firer, at: SystemTime) {
             (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
             (Some(Report::DoneMarker), _) => Ended::OnceMarker,
             (Some(Report::Lost), _) => Ended::Lost,
-            // The stop came before the job's lock was taken: not run here, nor failed (another
-            // instance may still run it).
-            (None, JobEnd::Failed(_)) if !job.def.local && runtime.inner.is_shut_down() => {
-                Ended::StoppedFirst
+            // The stop came before the job's lock was taken. Claimed here, the firing is
+            // done for every instance (its marker says so): it failed. Not claimed, it is
+            // not this instance's to tell (another may still run it).
+            (None, _) if !job.def.local && runtime.inner.is_shut_down() => {
+                if ctx.is_claimed() {
+                    Ended::Failed("the scheduler stopped before the job's lock was taken".into())
+                } else {
+                    Ended::StoppedFirst
+                }
             }
             (_, JobEnd::Failed(text)) => Ended::Failed(text),
             (Some(Report::Ran), _) => Ended::Ok,
@@ -404,7 +411,7 @@ impl Firer {
         fence: Option<u64>,
     ) {
         report(&self.runtime, &self.job, at, ended, took);
-        if let Some(outcome) = ended.journalled() {
+        if let Some(outcome) = ended.journalled(self.job.def.local) {
             self.writer.write(Run {
                 job: self.job.def.name.to_owned(),
                 scheduled_at: at,

@@ -38,6 +38,8 @@ pub(crate) struct FiringContext {
     turn: AtomicBool,
     /// The fence of the job's lease, once it holds one (0: none yet).
     fence: AtomicU64,
+    /// This instance claimed the firing's marker: no other instance will run it.
+    claimed: AtomicBool,
 }
 
 impl FiringContext {
@@ -57,7 +59,18 @@ impl FiringContext {
             // A local job has no lock of its own: the locked calls in its body are plain.
             turn: AtomicBool::new(!local),
             fence: AtomicU64::new(0),
+            claimed: AtomicBool::new(false),
         })
+    }
+
+    /// This instance claimed the firing: its end, whatever it is, is this instance's to tell.
+    pub(crate) fn claimed(&self) {
+        self.claimed.store(true, Ordering::Release);
+    }
+
+    /// Whether this instance claimed the firing.
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.claimed.load(Ordering::Acquire)
     }
 
     /// The job's own locked call holds its lease, of this fence.

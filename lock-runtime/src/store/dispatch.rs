@@ -275,7 +275,7 @@ impl Backend {
         self.within("a journal append", self.bound, call).await
     }
 
-    /// The newest `limit` runs of `job`, newest first.
+    /// The newest `limit` runs of `job` (a quorum: of each member), newest first.
     pub(crate) async fn runs(
         &self,
         namespace: &str,
@@ -284,9 +284,9 @@ impl Backend {
     ) -> Result<Vec<String>, LockError> {
         let call = self.store.runs(namespace, job, limit);
         let limit_time = self.bound.map(|bound| bound.max(LIST_TIMEOUT));
-        let mut runs = self.within("a journal read", limit_time, call).await?;
-        runs.truncate(limit);
-        Ok(runs)
+        // Not cut to `limit` here: a Redlock read joins the masters' answers unsorted, and
+        // `LockRuntime::history` sorts before it cuts.
+        self.within("a journal read", limit_time, call).await
     }
 
     /// The jobs with a journal, sorted.

@@ -334,7 +334,7 @@ impl MemoryStore {
             .entry((namespace.to_owned(), job.to_owned()))
             .or_default();
         runs.push_back((now, entry.to_owned()));
-        while runs.len() > keep.max_runs {
+        while runs.len() > keep.max_runs.max(1) {
             runs.pop_front();
         }
         if runs.is_empty() {

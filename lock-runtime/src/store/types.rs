@@ -196,8 +196,15 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// Keep runs for `max_age`, at most `max_runs` per job.
+    /// The longest age a journal keeps: ten years (every store can express it).
+    pub const MAX_AGE: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+    /// Keep runs for `max_age` (between 1 s and [`MAX_AGE`](Self::MAX_AGE), clamped), at
+    /// most `max_runs` per job (at least 1).
     pub fn new(max_age: Duration, max_runs: usize) -> Self {
-        Retention { max_age, max_runs }
+        Retention {
+            max_age: max_age.clamp(Duration::from_secs(1), Self::MAX_AGE),
+            max_runs: max_runs.max(1),
+        }
     }
 }

@@ -1,9 +1,9 @@
 //! The run journal on etcd: one key per run under `<ns>:runs:{<job>}:`, named by its append
 //! time in milliseconds (20 digits, so keys sort by time) and a random suffix. Each append
 //! deletes the job's runs older than the age bound in the same transaction, then the oldest
-//! beyond the count bound. The keys live on a lease of the age bound, shared by a job's runs
-//! for half of it, so a journal that nobody appends to any more expires by itself, and a job
-//! costs one or two leases, not one per run.
+//! beyond the count bound. The keys live on a lease of one and a half times the age bound,
+//! shared by a job's runs for half of it, so a journal that nobody appends to any more
+//! expires by itself, and a job costs one or two leases, not one per run.
 
 use std::time::Duration;
 
@@ -33,9 +33,14 @@ impl EtcdBackend {
         {
             return Ok(*lease);
         }
+        // Granted for half as long again as the age bound: a key put on it at the end of its
+        // half-life still lives its whole age (each append deletes what is older).
         let lease = self
             .conn
-            .grant(max_age, &format!("appending to the journal `{journal}`"))
+            .grant(
+                max_age + max_age / 2,
+                &format!("appending to the journal `{journal}`"),
+            )
             .await?;
         if let Ok(mut leases) = self.journal_leases.lock() {
             leases.retain(|_, (_, granted)| fresh(*granted));
