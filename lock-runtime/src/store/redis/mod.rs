@@ -409,8 +409,13 @@ impl RedisBackend {
                 }
                 _ => true, // not granted (or unknown: the caller gives it back)
             };
-            let caller_gone = answer_tx.send(answered).is_err();
-            if !confirmed || caller_gone {
+            // Not kept: given back before the caller hears of it, so an error that says "given
+            // back" is true when it arrives (an inspect or another acquire right after it
+            // finds the lock free). Kept but nobody to take it: given back after.
+            if !confirmed {
+                let _ = release.run(&mut conn).await;
+                let _ = answer_tx.send(answered);
+            } else if answer_tx.send(answered).is_err() {
                 let _ = release.run(&mut conn).await;
             }
         });
