@@ -68,6 +68,12 @@ pub(crate) fn check_ttl(what: &str, ttl: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Milliseconds for Redis, rounded up so a lease is never shorter than asked.
 pub(crate) fn millis_ceil(d: Duration) -> u64 {
     let ms = d.as_millis();

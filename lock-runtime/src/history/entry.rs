@@ -7,6 +7,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Run, RunOutcome};
+use crate::config::unix_ms as ms;
 
 const SEP: char = '\u{1f}';
 const VERSION: &str = "r1";
@@ -21,11 +22,6 @@ fn unescape(text: &str) -> String {
     text.replace("%1F", "\u{1f}")
         .replace("%00", "\0")
         .replace("%25", "%")
-}
-
-fn ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn time(field: &str) -> Option<SystemTime> {

@@ -43,9 +43,7 @@ impl RedisBackend {
         let age_ms = millis(keep.max_age).max(1);
         // The age bound on the client's clock: the stream's ids are the server's milliseconds,
         // and a skew of seconds against a retention of days does not matter.
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, millis);
+        let now_ms = crate::config::unix_ms(std::time::SystemTime::now());
         let mut pipe = redis::pipe();
         pipe.cmd("XADD")
             .arg(&key)
