@@ -221,3 +221,73 @@ async fn a_slow_or_failing_journal_never_fails_or_delays_a_firing() {
         "a store without history reads say so"
     );
 }
+
+#[scheduled(every = "1m")]
+#[distributed_lock(key = "history-ends-in-grace", ttl = "10s")]
+async fn ends_within_the_grace() {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+#[scheduled(every = "1m")]
+#[distributed_lock(key = "history-outlasts-grace", ttl = "10s")]
+async fn outlasts_the_grace() {
+    tokio::time::sleep(Duration::from_secs(30)).await;
+}
+
+/// The one run of `job` in the journal after a scheduler started at noon is stopped 61 s
+/// later, 1 s into the run of the firing at noon + 60 s.
+async fn journal_of_a_run_the_stop_caught(job: &str) -> lock_runtime::Run {
+    let store = MemoryStore::new();
+    let runtime = instance(store.clone(), "stopped-mid-run").await;
+    Scheduler::new(runtime)
+        .only([job])
+        .wall_clock_from(UNIX_EPOCH + Duration::from_secs(NOON))
+        .run_until(tokio::time::sleep(Duration::from_secs(61)))
+        .await
+        .expect("the scheduler ran");
+    let reader = instance(store, "reader").await;
+    let mut runs = reader.history(job, 10).await.expect("the journal reads");
+    assert_eq!(runs.len(), 1, "one firing, one entry: {runs:?}");
+    let run = runs.remove(0);
+    assert_eq!(unix_ms(run.scheduled_at()), (NOON + 60) * 1000);
+    assert_eq!(run.owner(), "stopped-mid-run");
+    run
+}
+
+/// A run the stop signal caught, which then ends within the runtime's grace period (5 s),
+/// is journalled as it ended: ok. (The stop used to stop the firing's task as soon as the
+/// run's lease was released, before the task had journalled the run.)
+#[tokio::test(start_paused = true)]
+async fn a_run_ending_within_the_shutdown_grace_is_journalled() {
+    let run = journal_of_a_run_the_stop_caught("ends_within_the_grace").await;
+    assert_eq!(*run.outcome(), RunOutcome::Ok, "{run:?}");
+    assert!(run.fence().is_some(), "{run:?}");
+}
+
+/// A run still going at the end of the grace period is stopped, and journalled as failed,
+/// saying so: its marker keeps every other instance from running the firing.
+#[tokio::test(start_paused = true)]
+async fn a_run_stopped_at_the_end_of_the_shutdown_grace_is_journalled_failed() {
+    let run = journal_of_a_run_the_stop_caught("outlasts_the_grace").await;
+    match run.outcome() {
+        RunOutcome::Failed { error } => assert!(
+            error.contains("stopped at the end of the shutdown grace"),
+            "{error}"
+        ),
+        other => panic!("journalled as {other:?}"),
+    }
+}
+
+#[scheduled(every = "1m", local = true)]
+async fn local_ending_within_the_grace() {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// A local job (no lock, so no lease for the runtime's shutdown to wait for) gets the same
+/// grace period: the run the stop caught ends, and is journalled ok. (It used to be stopped
+/// at once, unjournalled.)
+#[tokio::test(start_paused = true)]
+async fn a_local_run_gets_the_shutdown_grace_too() {
+    let run = journal_of_a_run_the_stop_caught("local_ending_within_the_grace").await;
+    assert_eq!(*run.outcome(), RunOutcome::Ok, "{run:?}");
+}

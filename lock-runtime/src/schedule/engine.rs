@@ -129,6 +129,7 @@ pub(crate) async fn run<F: Future>(
     signal: F,
 ) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (grace_over, grace_ended) = tokio::sync::watch::channel(false);
     let clock = Clock::new(start);
     let (writer, flush) = Writer::start(&runtime, history);
     // Dropped (the caller's future cancelled): every loop and its running firing stop, and
@@ -142,6 +143,7 @@ pub(crate) async fn run<F: Future>(
                 job: Arc::new(job),
                 clock: clock.clone(),
                 writer: writer.clone(),
+                grace_ended: grace_ended.clone(),
             };
             Aborting(tokio::spawn(job_loop(firing, stopped.clone())))
         })
@@ -154,12 +156,26 @@ pub(crate) async fn run<F: Future>(
             running.push(firing);
         }
     }
-    // The runtime's shutdown gives the running jobs its grace period to finish and release;
-    // what still runs after it has no lease any more and is stopped.
-    runtime.shutdown().await;
+    // The running firings get the runtime's grace period to end: the runtime's shutdown
+    // waits for their leases, and this for the firings themselves (a local job holds no
+    // lease). What still runs after it has no lease any more and is stopped by its firing,
+    // which then journals how it ended. (Stopping the firing's task here instead could come
+    // between a run's release and its journal entry: a run that ended well would go
+    // unrecorded.)
+    let grace_end = tokio::time::Instant::now() + runtime.inner.shutdown_grace;
+    tokio::join!(runtime.shutdown(), async {
+        for firing in &mut running {
+            if firing.is_running() {
+                let _ = tokio::time::timeout_at(grace_end, &mut firing.0).await;
+            }
+        }
+    });
+    let _ = grace_over.send(true);
     for firing in &mut running {
-        firing.0.abort();
-        let _ = (&mut firing.0).await;
+        if firing.is_running() && tokio::time::timeout(REPORTED, &mut firing.0).await.is_err() {
+            firing.0.abort();
+            let _ = (&mut firing.0).await;
+        }
     }
     // Every firing has reported: the journal gets what is queued, within its bound.
     drop(loops);
@@ -174,6 +190,8 @@ struct Firer {
     job: Arc<Job>,
     clock: Clock,
     writer: Writer,
+    /// True once the runtime's shutdown grace has ended: a body still running is stopped.
+    grace_ended: tokio::sync::watch::Receiver<bool>,
 }
 
 /// A task that is aborted when its handle is dropped.
@@ -278,6 +296,13 @@ async fn job_loop(
     }
 }
 
+/// How long the stop waits, after the grace period, for a firing to say how it ended.
+const REPORTED: Duration = Duration::from_secs(1);
+
+/// The error journalled for a run the shutdown's grace period did not see to its end.
+const STOPPED_AT_GRACE: &str =
+    "stopped at the end of the shutdown grace period, before the run had ended";
+
 /// How a firing ended, for the report.
 #[derive(Debug)]
 enum Ended {
@@ -350,14 +375,29 @@ async fn fire(mut firer: Firer, at: SystemTime) {
     let body = runtime.scope(marker::scope(ctx.clone(), (job.def.run)()));
     // A firing stopped at shutdown stops its body too.
     let mut task = Aborting(tokio::spawn(body));
-    let joined = (&mut task.0).await;
+    let mut grace_ended = firer.grace_ended.clone();
+    let joined = tokio::select! {
+        biased;
+        joined = &mut task.0 => joined,
+        () = async move { let _ = grace_ended.wait_for(|ended| *ended).await; } => {
+            // Ended meanwhile, it says how; else it is stopped now.
+            task.0.abort();
+            (&mut task.0).await
+        }
+    };
     let ended = match joined {
         Err(e) if e.is_panic() => Ended::Panicked(panic_text(e.into_panic())),
-        Err(_) => Ended::Failed("stopped at shutdown".to_owned()),
+        Err(_) => Ended::Failed(STOPPED_AT_GRACE.to_owned()),
         Ok(end) => match (ctx.reported(), end) {
             (Some(Report::HeldBy(owner)), _) => Ended::HeldBy(owner),
             (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
             (Some(Report::DoneMarker), _) => Ended::OnceMarker,
+            // Its lease was taken at the end of the shutdown's grace, not lost to the store.
+            // (One lost to the store shortly before is said the same way: either way the
+            // run did not finish, and the shutdown is why nobody else runs it now.)
+            (Some(Report::Lost), _) if runtime.inner.watchdog.grace_has_ended() => {
+                Ended::Failed(STOPPED_AT_GRACE.to_owned())
+            }
             (Some(Report::Lost), _) => Ended::Lost,
             // The stop came before the job's lock was taken. Claimed here, the firing is
             // done for every instance (its marker says so): it failed. Not claimed, it is

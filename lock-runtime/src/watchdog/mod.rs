@@ -114,6 +114,12 @@ impl WatchdogHandle {
         true
     }
 
+    /// Whether a shutdown's grace period has ended: the leases held then were lost to the
+    /// shutdown, not to the store.
+    pub(crate) fn grace_has_ended(&self) -> bool {
+        self.stopping.grace_has_ended()
+    }
+
     /// Sends a command; false if the driver is gone (its tokio runtime ended, or shutdown
     /// finished).
     pub(crate) fn send(&self, command: Command) -> bool {
@@ -255,6 +261,8 @@ impl Driver {
     /// The grace period is over: whatever is still held is marked lost (so its holder stops
     /// acting on it) and only then released.
     fn end_grace(&mut self) {
+        // Before any holder hears of it: a holder told its lease is lost can ask why.
+        self.stopping.end_grace();
         let mut entries: Vec<(u64, Entry)> = self.entries.drain().collect();
         // In the order the leases were taken, not the map's: the same on every replay.
         entries.sort_unstable_by_key(|(id, _)| *id);
