@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server, openssl, postgresql, etcd-server, protobuf-compiler and faketime
+# Installs redis-server, openssl, postgresql, etcd-server, protobuf-compiler, faketime,
+# chromium and chromium-driver
 # (Debian packages) when missing: the tests start their own redis-server, PostgreSQL and etcd processes
 # on free loopback ports (PostgreSQL from its binaries in /usr/lib/postgresql/<version>/bin, as
 # the `postgres` user when run as root) and never use a system service. protoc builds the etcd
@@ -20,6 +21,9 @@ command -v etcd >/dev/null 2>&1 || [ -n "${ETCD_BIN:-}" ] || MISSING="$MISSING e
 command -v protoc >/dev/null 2>&1 || [ -n "${PROTOC:-}" ] || MISSING="$MISSING protobuf-compiler"
 # faketime gives each process of the scheduled-jobs test a clock of its own.
 command -v faketime >/dev/null 2>&1 || MISSING="$MISSING faketime"
+# Headless Chromium, driven through WebDriver, checks lockctl's web page (lockctl/tests/serve.rs).
+command -v chromium >/dev/null 2>&1 || [ -n "${CHROMIUM_BIN:-}" ] || MISSING="$MISSING chromium"
+command -v chromedriver >/dev/null 2>&1 || [ -n "${CHROMEDRIVER_BIN:-}" ] || MISSING="$MISSING chromium-driver"
 if [ -n "$MISSING" ]; then
     echo "installing from Debian's packages:$MISSING" >&2
     SUDO=""

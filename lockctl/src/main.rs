@@ -10,6 +10,7 @@
 //!     lockctl --etcd http://10.0.0.1:2379,http://10.0.0.2:2379 list
 //!     lockctl --redis redis://127.0.0.1:6379 jobs
 //!     lockctl --postgres postgres://app@db/app history interest-posting --since 7d --json
+//!     lockctl --redis redis://127.0.0.1:6379 serve --listen 127.0.0.1:7878
 //!     REDIS_URL=redis://127.0.0.1:6379 lockctl list
 
 use std::process::ExitCode;
@@ -21,6 +22,9 @@ use lock_runtime::{EtcdStore, LockRuntime, LockRuntimeBuilder, PostgresStore};
 
 mod history;
 mod ops;
+mod page;
+mod redact;
+mod serve;
 
 /// Inspect, watch and force-release lock-runtime locks in any of its stores.
 #[derive(Debug, Parser)]
@@ -120,6 +124,20 @@ enum Action {
         #[arg(long, default_value_t = history::DEFAULT_LIMIT)]
         limit: usize,
     },
+    /// The operator's web page: the jobs with their last run, the locks held, and each job's
+    /// runs with a timeline of which instance ran each firing. Read-only unless
+    /// --allow-force-release. Runs until Ctrl-C.
+    Serve {
+        /// Where to listen. A non-loopback address needs --public (the page has no login).
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// Allow listening on an address other machines can reach.
+        #[arg(long)]
+        public: bool,
+        /// Offer a forced release of each held lock, after a confirmation that names its key.
+        #[arg(long)]
+        allow_force_release: bool,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -132,7 +150,25 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let code = match ops::run(&runtime, cli.command, cli.json).await {
+    let result = match cli.command {
+        Action::Serve {
+            listen,
+            public,
+            allow_force_release,
+        } => {
+            let options = serve::Options {
+                listen,
+                public,
+                allow_force_release,
+                store: store_label(&cli),
+            };
+            serve::serve(&runtime, options)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
+        command => ops::run(&runtime, command, cli.json).await,
+    };
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("lockctl: {e:#}");
@@ -142,6 +178,41 @@ async fn main() -> ExitCode {
     // lockctl holds no lock; this only closes the store's connections.
     runtime.shutdown().await;
     code
+}
+
+/// The store the options name, as the web page shows it: its kind and addresses, without
+/// passwords.
+fn store_label(cli: &Cli) -> String {
+    let urls = |list: &[String]| {
+        split_urls(list)
+            .iter()
+            .map(|u| redact::url(u))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !cli.etcd.is_empty() {
+        return format!("etcd {}", urls(&cli.etcd));
+    }
+    if let Some(url) = &cli.redis {
+        return format!("Redis {}", redact::url(url));
+    }
+    if !cli.cluster.is_empty() {
+        return format!("Redis Cluster {}", urls(&cli.cluster));
+    }
+    if let Some(spec) = &cli.sentinel {
+        let (name, list) = spec.split_once('=').unwrap_or((spec.as_str(), ""));
+        return format!("Redis Sentinel `{name}` {}", urls(&[list.to_owned()]));
+    }
+    if !cli.redlock.is_empty() {
+        return format!("Redlock {}", urls(&cli.redlock));
+    }
+    if let Some(url) = &cli.postgres {
+        return format!("PostgreSQL {}", redact::url(url));
+    }
+    match std::env::var("REDIS_URL") {
+        Ok(url) => format!("Redis {}", redact::url(&url)),
+        Err(_) => "the store".to_owned(),
+    }
 }
 
 /// The runtime over the one store the options name.

@@ -11,7 +11,7 @@ use crate::Action;
 
 /// Writes to stdout; false when the reader went away (`lockctl list | head -1`), which ends
 /// the output quietly rather than with a panic.
-fn emit(text: &str) -> anyhow::Result<bool> {
+pub(crate) fn emit(text: &str) -> anyhow::Result<bool> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(true),
@@ -101,6 +101,7 @@ pub(crate) async fn run(
             emit(&crate::history::jobs(runtime, json).await?)?;
             Ok(ExitCode::SUCCESS)
         }
+        Action::Serve { .. } => anyhow::bail!("serve is started by main"),
         Action::History { job, since, limit } => {
             let since = since
                 .map(|s| crate::history::parse_since(&s, std::time::SystemTime::now()))
