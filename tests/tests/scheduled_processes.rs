@@ -1,12 +1,14 @@
 //! Five OS processes whose wall clocks really differ (Debian's `faketime` shifts each one's
 //! clock by 0, +0.4, -0.7, +1.2 and -1.9 s) fire the same `every = "1s"` job that runs 50 ms,
 //! with neither `min_hold` nor `once`, for about thirty firings, on Redis, PostgreSQL and etcd:
-//! every firing that all five reached ran exactly once, and none ran twice.
+//! every firing that all five reached ran exactly once, and none ran twice; the job's journal
+//! names, for each firing, the instance that ran it.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use lock_runtime::RunOutcome;
 use lock_tests::{EtcdCluster, PostgresServer, RedisServer};
 
 /// The instances' clock offsets, in ms.
@@ -126,6 +128,62 @@ fn five_skewed_instances(lock_url: &str) {
     println!(
         "{} firings ran, each once ({reached} in the window all five reached); runs by instance: {by_instance:?}",
         runs.len()
+    );
+    journal_agrees(lock_url, &runs);
+}
+
+/// The job's journal, as `lockctl history` reads it (`LockRuntime::history`), says what the
+/// log says: each firing that ran is journalled once, ok, by the instance that ran it, and a
+/// firing nobody ran is journalled only as skipped or missed, if at all.
+fn journal_agrees(lock_url: &str, runs: &BTreeMap<i64, Vec<String>>) {
+    let journal = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(async {
+            let reader = lock_tests::builder_for(lock_url)
+                .owner("journal-reader")
+                .build()
+                .await
+                .expect("a runtime");
+            reader.history("tick", 1_000).await.expect("the journal")
+        });
+    let mut journalled: BTreeMap<i64, Vec<(String, RunOutcome)>> = BTreeMap::new();
+    for run in &journal {
+        let ms = run
+            .scheduled_at()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as i64;
+        journalled
+            .entry(ms)
+            .or_default()
+            .push((run.owner().to_owned(), run.outcome().clone()));
+    }
+    for (firing, by) in runs {
+        assert_eq!(
+            journalled.get(firing).map(Vec::as_slice),
+            Some(&[(by[0].clone(), RunOutcome::Ok)][..]),
+            "firing {firing}, run by {}: journalled as {:?}",
+            by[0],
+            journalled.get(firing)
+        );
+    }
+    for (firing, entries) in &journalled {
+        if !runs.contains_key(firing) {
+            assert!(
+                entries.len() == 1
+                    && matches!(
+                        entries[0].1,
+                        RunOutcome::Skipped { .. } | RunOutcome::Missed
+                    ),
+                "firing {firing} did not run, yet is journalled as {entries:?}"
+            );
+        }
+    }
+    println!(
+        "the journal holds {} runs, one per firing, each by the instance that ran it",
+        journal.len()
     );
 }
 
