@@ -358,6 +358,7 @@ where
     let firing = marker::current().filter(|f| f.take_turn());
     let mut retry_marker = None;
     if let Some(firing) = &firing {
+        firing.locks(&spec.key);
         match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
             Ok(marker::Claim::Mine(guard)) => {
                 firing.claimed();
@@ -468,7 +469,11 @@ where
         tracing::warn!(key = %spec.key, fence = lease.fence(), "lease lost; the locked body was stopped");
         drop(guard);
         if let Some(firing) = &firing {
-            firing.report(Report::Lost);
+            firing.report(if lease.state.was_taken_by_shutdown() {
+                Report::StoppedAtGrace
+            } else {
+                Report::Lost
+            });
             // The firing ran in part. Its marker is done already, unless the job asks for
             // crashed runs to be retried: then it is given back for another instance.
             match retry_marker {

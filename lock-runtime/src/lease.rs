@@ -56,6 +56,9 @@ pub(crate) struct LeaseState {
     uncounted: AtomicBool,
     valid_until: Mutex<Instant>,
     lost: AtomicBool,
+    /// Set when the runtime's shutdown took the lease at the end of its grace period (the
+    /// store did not lose it).
+    taken_by_shutdown: AtomicBool,
     /// Set once the holder released (or began releasing) the lease.
     ended: AtomicBool,
     lost_notify: Notify,
@@ -92,6 +95,7 @@ impl LeaseState {
             uncounted: AtomicBool::new(false),
             valid_until: Mutex::new(p.valid_until),
             lost: AtomicBool::new(false),
+            taken_by_shutdown: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost_notify: Notify::new(),
         }
@@ -130,6 +134,20 @@ impl LeaseState {
         }
         self.mark_lost();
         false
+    }
+
+    /// Marks the lease lost to the shutdown's end of grace; true if it was not lost before.
+    pub(crate) fn take_at_shutdown(&self) -> bool {
+        if self.ended.load(Ordering::Acquire) || self.lost.load(Ordering::Acquire) {
+            return false;
+        }
+        self.taken_by_shutdown.store(true, Ordering::Release);
+        self.mark_lost()
+    }
+
+    /// Whether the lease was lost because the shutdown's grace period ended, not to the store.
+    pub(crate) fn was_taken_by_shutdown(&self) -> bool {
+        self.taken_by_shutdown.load(Ordering::Acquire)
     }
 
     /// Marks the lease lost and wakes `lost()` waiters; true the first time.

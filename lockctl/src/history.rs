@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use lock_runtime::{LockRuntime, Run, RunOutcome};
+use lock_runtime::{LockError, LockInfo, LockRuntime, Run, RunOutcome};
 
 /// How many runs `history` shows at most by default.
 pub(crate) const DEFAULT_LIMIT: usize = 50;
@@ -37,11 +37,11 @@ pub(crate) fn parse_since(text: &str, now: SystemTime) -> anyhow::Result<SystemT
         .unwrap_or(UNIX_EPOCH))
 }
 
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-fn took_ms(run: &Run) -> u64 {
+pub(crate) fn took_ms(run: &Run) -> u64 {
     run.finished_at()
         .duration_since(run.started_at())
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -106,32 +106,110 @@ pub(crate) async fn history(
     Ok((text, runs.len()))
 }
 
-/// Every job with a journal, with its last run.
-pub(crate) async fn jobs(runtime: &LockRuntime, json: bool) -> anyhow::Result<String> {
+/// A job with a journal, as `jobs` and the web page show it.
+pub(crate) struct JobRow {
+    pub(crate) job: String,
+    /// Its newest run.
+    pub(crate) last: Option<Run>,
+    /// Its schedule and next firing, as the newest run that says them has them.
+    pub(crate) schedule: Option<String>,
+    pub(crate) next: Option<SystemTime>,
+    /// Who holds the job's lock now (the key from its newest run that has one).
+    pub(crate) holder: Option<LockInfo>,
+}
+
+/// How many of a job's newest runs are read to find its schedule and lock key (a missed
+/// firing's run has no key).
+const RECENT: usize = 20;
+
+/// Every job with a journal in the namespace, with its newest run and its lock's holder.
+pub(crate) async fn job_rows(runtime: &LockRuntime) -> Result<Vec<JobRow>, LockError> {
     let mut rows = Vec::new();
-    let mut all = Vec::new();
     for job in runtime.journalled_jobs().await? {
-        let last = runtime.history(&job, 1).await?.into_iter().next();
-        if json {
-            all.push(serde_json::json!({ "job": job, "last_run": last.as_ref().map(run_json) }));
-        }
-        rows.push(match last {
-            Some(r) => [
-                job,
-                rfc3339(r.scheduled_at()),
-                r.owner().to_owned(),
-                r.outcome().to_string(),
-            ],
-            None => [job, "-".into(), "-".into(), "-".into()],
+        let recent = runtime.history(&job, RECENT).await?;
+        let described = recent.iter().find(|r| r.schedule().is_some());
+        let holder = match recent.iter().find_map(Run::key) {
+            Some(key) => runtime.inspect(key).await?,
+            None => None,
+        };
+        rows.push(JobRow {
+            schedule: described.and_then(|r| r.schedule().map(str::to_owned)),
+            next: described.and_then(Run::next_firing),
+            last: recent.into_iter().next(),
+            holder,
+            job,
         });
     }
-    Ok(if json {
-        format!("{}\n", serde_json::Value::Array(all))
-    } else if rows.is_empty() {
-        "no scheduled job has a journal in this namespace\n".to_owned()
-    } else {
-        table(["JOB", "LAST FIRING", "INSTANCE", "OUTCOME"], &rows)
-    })
+    Ok(rows)
+}
+
+/// The holder as a cell: `owner (fence N)`, or `-`.
+pub(crate) fn holder_text(holder: Option<&LockInfo>) -> String {
+    holder.map_or_else(
+        || "-".to_owned(),
+        |h| format!("{} (fence {})", h.owner, h.fence),
+    )
+}
+
+/// Every job with a journal: its schedule, next firing, last run and the lock's holder.
+pub(crate) async fn jobs(runtime: &LockRuntime, json: bool) -> anyhow::Result<String> {
+    let rows = job_rows(runtime).await?;
+    if json {
+        let all: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "job": r.job,
+                    "schedule": r.schedule,
+                    "next_firing": r.next.map(rfc3339),
+                    "last_run": r.last.as_ref().map(run_json),
+                    "holder": r.holder.as_ref().map(|h| serde_json::json!({
+                        "owner": h.owner,
+                        "fence": h.fence,
+                    })),
+                })
+            })
+            .collect();
+        return Ok(format!("{}\n", serde_json::Value::Array(all)));
+    }
+    if rows.is_empty() {
+        return Ok("no scheduled job has a journal in this namespace\n".to_owned());
+    }
+    let cells: Vec<[String; 7]> = rows
+        .into_iter()
+        .map(|r| {
+            let dash = || "-".to_owned();
+            let (at, owner, outcome) = match &r.last {
+                Some(l) => (
+                    rfc3339(l.scheduled_at()),
+                    l.owner().to_owned(),
+                    l.outcome().to_string(),
+                ),
+                None => (dash(), dash(), dash()),
+            };
+            [
+                r.job,
+                r.schedule.unwrap_or_else(dash),
+                r.next.map_or_else(dash, rfc3339),
+                at,
+                owner,
+                outcome,
+                holder_text(r.holder.as_ref()),
+            ]
+        })
+        .collect();
+    Ok(table(
+        [
+            "JOB",
+            "SCHEDULE",
+            "NEXT FIRING",
+            "LAST FIRING",
+            "INSTANCE",
+            "OUTCOME",
+            "HOLDER",
+        ],
+        &cells,
+    ))
 }
 
 /// Left-aligned columns, two spaces apart.

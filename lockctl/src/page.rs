@@ -5,8 +5,10 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use lock_runtime::{LockInfo, Run, RunOutcome};
+
+use crate::history::{JobRow, holder_text, rfc3339, took_ms};
 
 /// `text` safe inside HTML text and attribute values.
 pub(crate) fn esc(text: &str) -> String {
@@ -35,16 +37,6 @@ pub(crate) fn segment(text: &str) -> String {
         }
     }
     out
-}
-
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-fn took_ms(run: &Run) -> u64 {
-    run.finished_at()
-        .duration_since(run.started_at())
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The page around `body`, titled `title`, under a header naming the store and namespace.
@@ -90,26 +82,35 @@ fn ran(outcome: &RunOutcome) -> bool {
     )
 }
 
-/// One job per row: its name (a link to its runs) and its last run.
-pub(crate) fn jobs_table(jobs: &[(String, Option<Run>)]) -> String {
+/// One job per row: its name (a link to its runs), schedule, next firing, last run and the
+/// holder of its lock.
+pub(crate) fn jobs_table(jobs: &[JobRow]) -> String {
     if jobs.is_empty() {
         return "<p class=\"note\" id=\"no-jobs\">No scheduled job has a journal in this \
                 namespace yet.</p>"
             .to_owned();
     }
     let mut out = String::from(
-        "<table id=\"jobs\"><thead><tr><th>Job</th><th>Last firing</th><th>Instance</th>\
-         <th>Outcome</th><th>Took</th></tr></thead><tbody>",
+        "<table id=\"jobs\"><thead><tr><th>Job</th><th>Schedule</th><th>Next firing</th>\
+         <th>Last firing</th><th>Instance</th><th>Outcome</th><th>Took</th><th>Holder now</th>\
+         </tr></thead><tbody>",
     );
-    for (job, last) in jobs {
-        let link = format!("<a href=\"/jobs/{}\">{}</a>", esc(&segment(job)), esc(job));
-        match last {
+    for row in jobs {
+        let _ = write!(
+            out,
+            "<tr data-job=\"{job}\"><td><a href=\"/jobs/{link}\">{job}</a></td><td>{schedule}</td>\
+             <td>{next}</td>",
+            job = esc(&row.job),
+            link = esc(&segment(&row.job)),
+            schedule = esc(row.schedule.as_deref().unwrap_or("-")),
+            next = row.next.map_or_else(|| "-".to_owned(), rfc3339),
+        );
+        match &row.last {
             Some(r) => {
                 let _ = write!(
                     out,
-                    "<tr data-job=\"{job}\"><td>{link}</td><td>{at}</td><td>{owner}</td>\
-                     <td class=\"{label}\">{outcome}</td><td class=\"num\">{took} ms</td></tr>",
-                    job = esc(job),
+                    "<td>{at}</td><td>{owner}</td><td class=\"{label}\">{outcome}</td>\
+                     <td class=\"num\">{took} ms</td>",
                     at = rfc3339(r.scheduled_at()),
                     owner = esc(r.owner()),
                     label = r.outcome().label(),
@@ -117,14 +118,13 @@ pub(crate) fn jobs_table(jobs: &[(String, Option<Run>)]) -> String {
                     took = took_ms(r),
                 );
             }
-            None => {
-                let _ = write!(
-                    out,
-                    "<tr data-job=\"{}\"><td>{link}</td><td>-</td><td>-</td><td>-</td><td>-</td></tr>",
-                    esc(job)
-                );
-            }
+            None => out.push_str("<td>-</td><td>-</td><td>-</td><td>-</td>"),
         }
+        let _ = write!(
+            out,
+            "<td class=\"holder\">{}</td></tr>",
+            esc(&holder_text(row.holder.as_ref()))
+        );
     }
     out.push_str("</tbody></table>");
     out

@@ -114,8 +114,8 @@ impl App {
 }
 
 async fn home(State(app): Shared) -> Response {
-    let jobs = match app.runtime.journalled_jobs().await {
-        Ok(jobs) => jobs,
+    let rows = match crate::history::job_rows(&app.runtime).await {
+        Ok(rows) => rows,
         Err(lock_runtime::LockError::Unsupported(why)) => {
             return app.page(
                 StatusCode::OK,
@@ -127,15 +127,8 @@ async fn home(State(app): Shared) -> Response {
                 ),
             );
         }
-        Err(e) => return app.failed("listing the journals", &e),
+        Err(e) => return app.failed("reading the journals", &e),
     };
-    let mut rows = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        match app.runtime.history(&job, 1).await {
-            Ok(mut last) => rows.push((job, (!last.is_empty()).then(|| last.remove(0)))),
-            Err(e) => return app.failed(&format!("reading the journal of `{job}`"), &e),
-        }
-    }
     let locks = match app.runtime.list("*").await {
         Ok(locks) => locks,
         Err(e) => return app.failed("listing the locks", &e),

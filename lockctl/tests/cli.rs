@@ -395,6 +395,29 @@ async fn history_and_jobs_show_who_ran_each_firing() {
     assert_eq!(code, 0);
     let jobs = json(&out);
     assert_eq!(jobs[0]["job"], "cli-nightly", "{out}");
+    assert_eq!(jobs[0]["schedule"], "every 1s", "{out}");
+    assert!(jobs[0]["holder"].is_null(), "{out}");
+    let next = jobs[0]["next_firing"].as_str().expect("a next firing");
+    assert!(
+        next > jobs[0]["last_run"]["scheduled_at"]
+            .as_str()
+            .expect("a firing"),
+        "{out}"
+    );
+    // The job's lock held now: `jobs` names its holder.
+    let holder = instance("night-holder").await.expect("build");
+    let held = hold(&holder, "cli-nightly").await;
+    let (code, table, _) = lockctl(&["--redis", &url, "jobs"]).await;
+    assert_eq!(code, 0);
+    assert!(table.starts_with("JOB  "), "{table}");
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("cli-nightly")
+            && row.contains("every 1s")
+            && row.ends_with(&format!("night-holder (fence {})", held.lease().fence())),
+        "{table}"
+    );
+    drop(held);
     assert_eq!(
         jobs[0]["last_run"]["scheduled_at"], runs[0]["scheduled_at"],
         "{out}"

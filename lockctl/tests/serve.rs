@@ -214,9 +214,19 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
         .expect("the job's row in the jobs table");
     let cells = row.find_all(Locator::Css("td")).await.expect("cells");
     assert_eq!(
-        cells[2].text().await.expect("text"),
+        cells[1].text().await.expect("text"),
+        "every 1s",
+        "the schedule"
+    );
+    assert_eq!(
+        cells[4].text().await.expect("text"),
         runs[0].owner(),
         "the last run's instance"
+    );
+    assert_eq!(
+        cells[7].text().await.expect("text"),
+        "-",
+        "nobody holds the job's lock"
     );
     let source = c.source().await.expect("the page's source");
     assert!(!source.contains(PASSWORD), "the password is on the page");

@@ -1,8 +1,11 @@
 //! A run as one line of text, the form every store keeps it in: stores need not know its
 //! fields, and a store plugged in by a user stores a string.
 //!
-//! `r1`, then the fields, separated by U+001F (unit separator); `%`, U+001F and NUL (which
-//! PostgreSQL's `text` refuses) inside a text field are written `%25`, `%1F` and `%00`. Times are milliseconds since the Unix epoch.
+//! `r1`, then the fields, separated by U+001F (unit separator): job, firing, owner, started,
+//! finished, fence, outcome, its detail, then lock key, schedule and next firing (empty when
+//! unknown; lines written before these three had only the first eight, and still read). `%`,
+//! U+001F and NUL (which PostgreSQL's `text` refuses) inside a text field are written `%25`,
+//! `%1F` and `%00`. Times are milliseconds since the Unix epoch.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,6 +42,7 @@ pub(crate) fn encode(run: &Run) -> String {
         _ => String::new(),
     };
     let fence = run.fence.map(|f| f.to_string()).unwrap_or_default();
+    let text = |t: &Option<String>| t.as_deref().map(escape).unwrap_or_default();
     [
         VERSION.to_owned(),
         escape(&run.job),
@@ -49,6 +53,11 @@ pub(crate) fn encode(run: &Run) -> String {
         fence,
         run.outcome.label().to_owned(),
         detail,
+        text(&run.key),
+        text(&run.schedule),
+        run.next_firing
+            .map(|t| ms(t).to_string())
+            .unwrap_or_default(),
     ]
     .join(&SEP.to_string())
 }
@@ -57,6 +66,11 @@ pub(crate) fn encode(run: &Run) -> String {
 /// later one, or not by the runtime).
 pub(crate) fn decode(line: &str) -> Option<Run> {
     let fields: Vec<&str> = line.split(SEP).collect();
+    let (fields, [key, schedule, next]) = match fields.as_slice() {
+        [first @ .., key, schedule, next] if first.len() == 9 => (first, [*key, *schedule, *next]),
+        all if all.len() == 9 => (all, ["", "", ""]),
+        _ => return None,
+    };
     let [
         version,
         job,
@@ -67,7 +81,7 @@ pub(crate) fn decode(line: &str) -> Option<Run> {
         fence,
         label,
         detail,
-    ] = fields.as_slice()
+    ] = fields
     else {
         return None;
     };
@@ -99,6 +113,12 @@ pub(crate) fn decode(line: &str) -> Option<Run> {
         finished_at: time(finished)?,
         fence,
         outcome,
+        key: (!key.is_empty()).then(|| unescape(key)),
+        schedule: (!schedule.is_empty()).then(|| unescape(schedule)),
+        next_firing: match next {
+            "" => None,
+            t => Some(time(t)?),
+        },
     })
 }
 
@@ -116,6 +136,9 @@ mod tests {
             finished_at: at + Duration::from_millis(53),
             fence,
             outcome,
+            key: Some("interest%posting".to_owned()),
+            schedule: Some("cron \"0 0 2 * * *\" in Europe/Berlin".to_owned()),
+            next_firing: Some(at + Duration::from_secs(86_400)),
         }
     }
 
@@ -150,5 +173,29 @@ mod tests {
         assert!(decode(&line.replace("\u{1f}ok\u{1f}", "\u{1f}fine\u{1f}")).is_none());
         assert!(decode("").is_none());
         assert!(decode("r1\u{1f}job").is_none());
+    }
+
+    #[test]
+    fn a_line_without_key_schedule_and_next_firing_still_reads() {
+        let full = run(RunOutcome::Ok, Some(7));
+        let line = encode(&full);
+        let short: Vec<&str> = line.split('\u{1f}').take(9).collect();
+        let read = decode(&short.join("\u{1f}")).expect("read");
+        assert_eq!(
+            read,
+            Run {
+                key: None,
+                schedule: None,
+                next_firing: None,
+                ..full.clone()
+            }
+        );
+        let none = Run {
+            key: None,
+            schedule: None,
+            next_firing: None,
+            ..full
+        };
+        assert_eq!(decode(&encode(&none)), Some(none));
     }
 }

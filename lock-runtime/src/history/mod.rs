@@ -34,6 +34,12 @@ pub struct Run {
     pub(crate) finished_at: SystemTime,
     pub(crate) fence: Option<u64>,
     pub(crate) outcome: RunOutcome,
+    /// The job's lock key, when the firing got as far as its locked call.
+    pub(crate) key: Option<String>,
+    /// The job's schedule, as [`crate::JobInfo::schedule`] says it.
+    pub(crate) schedule: Option<String>,
+    /// The job's next firing after this one, by the writer's schedule.
+    pub(crate) next_firing: Option<SystemTime>,
 }
 
 impl Run {
@@ -72,6 +78,23 @@ impl Run {
     /// How the firing ended.
     pub fn outcome(&self) -> &RunOutcome {
         &self.outcome
+    }
+
+    /// The job's lock key (`#[distributed_lock(key = ..)]`), when the firing reached its
+    /// locked call; `None` for a missed firing or a `local = true` job.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The job's schedule when this run was written, e.g. `cron "0 0 2 * * *" in
+    /// Europe/Berlin` or `every 5s`.
+    pub fn schedule(&self) -> Option<&str> {
+        self.schedule.as_deref()
+    }
+
+    /// The job's next firing after this one, by that schedule (`None`: it has none).
+    pub fn next_firing(&self) -> Option<SystemTime> {
+        self.next_firing
     }
 }
 

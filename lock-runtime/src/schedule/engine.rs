@@ -171,8 +171,13 @@ pub(crate) async fn run<F: Future>(
         }
     });
     let _ = grace_over.send(true);
+    let reported_by = tokio::time::Instant::now() + REPORTED;
     for firing in &mut running {
-        if firing.is_running() && tokio::time::timeout(REPORTED, &mut firing.0).await.is_err() {
+        if firing.is_running()
+            && tokio::time::timeout_at(reported_by, &mut firing.0)
+                .await
+                .is_err()
+        {
             firing.0.abort();
             let _ = (&mut firing.0).await;
         }
@@ -296,7 +301,7 @@ async fn job_loop(
     }
 }
 
-/// How long the stop waits, after the grace period, for a firing to say how it ended.
+/// How long the stop waits, after the grace period, for the firings to say how they ended.
 const REPORTED: Duration = Duration::from_secs(1);
 
 /// The error journalled for a run the shutdown's grace period did not see to its end.
@@ -379,7 +384,13 @@ async fn fire(mut firer: Firer, at: SystemTime) {
     let joined = tokio::select! {
         biased;
         joined = &mut task.0 => joined,
-        () = async move { let _ = grace_ended.wait_for(|ended| *ended).await; } => {
+        () = async move {
+            // The scheduler's `run` dropped (its caller's future cancelled) closes the
+            // channel: that is no end of a grace period, and the firing is aborted anyway.
+            if grace_ended.wait_for(|ended| *ended).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        } => {
             // Ended meanwhile, it says how; else it is stopped now.
             task.0.abort();
             (&mut task.0).await
@@ -387,17 +398,17 @@ async fn fire(mut firer: Firer, at: SystemTime) {
     };
     let ended = match joined {
         Err(e) if e.is_panic() => Ended::Panicked(panic_text(e.into_panic())),
-        Err(_) => Ended::Failed(STOPPED_AT_GRACE.to_owned()),
+        // Stopped at the end of the grace. Claimed here (or a local job), the firing was
+        // this instance's; otherwise it had not got as far as its marker: not this
+        // instance's to tell.
+        Err(_) if job.def.local || ctx.is_claimed() => Ended::Failed(STOPPED_AT_GRACE.to_owned()),
+        Err(_) => Ended::StoppedFirst,
         Ok(end) => match (ctx.reported(), end) {
             (Some(Report::HeldBy(owner)), _) => Ended::HeldBy(owner),
             (Some(Report::AlreadyRun), _) => Ended::AlreadyRun,
             (Some(Report::DoneMarker), _) => Ended::OnceMarker,
             // Its lease was taken at the end of the shutdown's grace, not lost to the store.
-            // (One lost to the store shortly before is said the same way: either way the
-            // run did not finish, and the shutdown is why nobody else runs it now.)
-            (Some(Report::Lost), _) if runtime.inner.watchdog.grace_has_ended() => {
-                Ended::Failed(STOPPED_AT_GRACE.to_owned())
-            }
+            (Some(Report::StoppedAtGrace), _) => Ended::Failed(STOPPED_AT_GRACE.to_owned()),
             (Some(Report::Lost), _) => Ended::Lost,
             // The stop came before the job's lock was taken. Claimed here, the firing is
             // done for every instance (its marker says so): it failed. Not claimed, it is
@@ -421,7 +432,13 @@ async fn fire(mut firer: Firer, at: SystemTime) {
     };
     let took = started.elapsed();
     let ended_at = firer.clock.now();
-    firer.report_run(at, &ended, (began, ended_at), took, ctx.fence());
+    firer.report_run(
+        at,
+        &ended,
+        (began, ended_at),
+        took,
+        (ctx.key(), ctx.fence()),
+    );
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -438,7 +455,7 @@ impl Firer {
     /// A firing that did not run here: reported, and journalled if this instance is the one
     /// to say so.
     fn report(&self, at: SystemTime, ended: &Ended, times: (SystemTime, SystemTime)) {
-        self.report_run(at, ended, times, Duration::ZERO, None);
+        self.report_run(at, ended, times, Duration::ZERO, (None, None));
     }
 
     /// A firing's end: the event, the metrics, and its run in the job's journal.
@@ -448,7 +465,7 @@ impl Firer {
         ended: &Ended,
         (started_at, finished_at): (SystemTime, SystemTime),
         took: Duration,
-        fence: Option<u64>,
+        (key, fence): (Option<String>, Option<u64>),
     ) {
         report(&self.runtime, &self.job, at, ended, took);
         if let Some(outcome) = ended.journalled(self.job.def.local) {
@@ -460,6 +477,9 @@ impl Firer {
                 finished_at,
                 fence,
                 outcome,
+                key,
+                schedule: Some(self.job.schedule.to_string()),
+                next_firing: self.job.schedule.next_after(at),
             });
         }
     }

@@ -2,7 +2,7 @@
 //! reports back to the scheduler about it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::request::TryOutcome;
@@ -22,6 +22,9 @@ pub(crate) enum Report {
     DoneMarker,
     /// The lease was lost while the body ran, and the body was stopped.
     Lost,
+    /// The runtime's shutdown took the lease at the end of its grace period, and the body
+    /// was stopped.
+    StoppedAtGrace,
 }
 
 /// The firing a task runs.
@@ -40,6 +43,8 @@ pub(crate) struct FiringContext {
     fence: AtomicU64,
     /// This instance claimed the firing's marker: no other instance will run it.
     claimed: AtomicBool,
+    /// The job's lock key, once its locked call has begun.
+    key: OnceLock<String>,
 }
 
 impl FiringContext {
@@ -60,7 +65,18 @@ impl FiringContext {
             turn: AtomicBool::new(!local),
             fence: AtomicU64::new(0),
             claimed: AtomicBool::new(false),
+            key: OnceLock::new(),
         })
+    }
+
+    /// The job's own locked call has begun, on `key`.
+    pub(crate) fn locks(&self, key: &str) {
+        let _ = self.key.set(key.to_owned());
+    }
+
+    /// The job's lock key, if its locked call began.
+    pub(crate) fn key(&self) -> Option<String> {
+        self.key.get().cloned()
     }
 
     /// This instance claimed the firing: its end, whatever it is, is this instance's to tell.

@@ -114,12 +114,6 @@ impl WatchdogHandle {
         true
     }
 
-    /// Whether a shutdown's grace period has ended: the leases held then were lost to the
-    /// shutdown, not to the store.
-    pub(crate) fn grace_has_ended(&self) -> bool {
-        self.stopping.grace_has_ended()
-    }
-
     /// Sends a command; false if the driver is gone (its tokio runtime ended, or shutdown
     /// finished).
     pub(crate) fn send(&self, command: Command) -> bool {
@@ -261,15 +255,16 @@ impl Driver {
     /// The grace period is over: whatever is still held is marked lost (so its holder stops
     /// acting on it) and only then released.
     fn end_grace(&mut self) {
-        // Before any holder hears of it: a holder told its lease is lost can ask why.
-        self.stopping.end_grace();
         let mut entries: Vec<(u64, Entry)> = self.entries.drain().collect();
         // In the order the leases were taken, not the map's: the same on every replay.
         entries.sort_unstable_by_key(|(id, _)| *id);
         let entries = entries.into_iter().map(|(_, e)| e);
         for entry in entries {
             let lease = entry.lease;
-            lose(&lease, "the runtime shut down and its grace period ended");
+            // Marked as the shutdown's before its holder hears of it: the holder can tell.
+            if lease.take_at_shutdown() {
+                tracing::warn!(key = %lease.names.key, fence = lease.fence, reason = "the runtime shut down and its grace period ended", "lock lost");
+            }
             // One try: the shutdown must end.
             self.spawn_release(ReleaseJob {
                 names: lease.names.clone(),

@@ -118,20 +118,9 @@ pub(super) async fn run_release(
 pub(crate) struct Stopping {
     set: AtomicBool,
     wake: tokio::sync::Notify,
-    /// Set when a shutdown's grace period has ended and the leases still held were taken
-    /// from their holders.
-    grace_ended: AtomicBool,
 }
 
 impl Stopping {
-    pub(super) fn end_grace(&self) {
-        self.grace_ended.store(true, Ordering::Release);
-    }
-
-    pub(super) fn grace_has_ended(&self) -> bool {
-        self.grace_ended.load(Ordering::Acquire)
-    }
-
     pub(super) fn set(&self) {
         self.set.store(true, Ordering::Release);
         self.wake.notify_waiters();
