@@ -205,10 +205,10 @@ fn five_skewed_processes_run_each_firing_once_on_etcd() {
     five_skewed_instances(&format!("etcd:{}", cluster.endpoints().join(",")));
 }
 
-/// Runs `job` of the worker on two processes, A with its clock 1.5 s ahead and B 5 s behind,
-/// kills A (SIGKILL) as soon as it has begun a run, and returns the firings each ran, in
-/// log order: `(firing ms, owner)`.
-fn kill_mid_run(lock_url: &str, job: &str) -> Vec<(i64, String)> {
+/// Runs `job` of the worker on two processes, A with its clock 1.5 s ahead and B `b_offset_ms`
+/// off (for `b_run_ms`), kills A (SIGKILL) as soon as it has begun a run, and returns the
+/// firings each ran, in log order: `(firing ms, owner)`.
+fn kill_mid_run(lock_url: &str, job: &str, b_offset_ms: i64, b_run_ms: u64) -> Vec<(i64, String)> {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("runs.log");
     let start = |owner: &str, offset_ms: i64, sleep_ms: u64, run_ms: u64| {
@@ -228,7 +228,7 @@ fn kill_mid_run(lock_url: &str, job: &str) -> Vec<(i64, String)> {
     // A's first firing is at most 10 s away; B, 5 s behind, reaches it 6.5 s after A did,
     // and runs long enough to reach the firing after it.
     let mut a = start("A", 1_500, 20_000, 25_000);
-    let mut b = start("B", -5_000, 0, 35_000);
+    let mut b = start("B", b_offset_ms, 0, b_run_ms);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -281,7 +281,7 @@ fn kill_mid_run(lock_url: &str, job: &str) -> Vec<(i64, String)> {
 fn a_run_killed_mid_way_is_retried_only_with_retry_crashed() {
     let server = RedisServer::start();
     for (job, retried) in [("crashy", false), ("crashy_retry", true)] {
-        let runs = kill_mid_run(&server.url(), job);
+        let runs = kill_mid_run(&server.url(), job, -5_000, 35_000);
         let (killed, _) = runs
             .iter()
             .find(|(_, owner)| owner == "A")
@@ -305,6 +305,61 @@ fn a_run_killed_mid_way_is_retried_only_with_retry_crashed() {
         assert!(
             by_b.iter().any(|f| *f > killed),
             "{job}: B runs the later firings: {runs:?}"
+        );
+    }
+}
+
+/// A process killed mid-run, its lock then running out unreleased: B, which found the firing
+/// claimed 0.5 s after A, follows A's lease and journals the firing as crashed, naming A and
+/// its fence, once, on each store.
+#[test]
+fn a_run_killed_mid_way_is_journalled_crashed_once_its_lease_runs_out() {
+    let redis = RedisServer::start();
+    let postgres = PostgresServer::start();
+    let etcd = EtcdCluster::start(1);
+    let stores = [
+        ("Redis", redis.url()),
+        ("PostgreSQL", postgres.url()),
+        ("etcd", format!("etcd:{}", etcd.endpoints().join(","))),
+    ];
+    for (store, url) in stores {
+        // A's first firing is at most 10 s away; its lease (2 s) runs out 2 s after the
+        // kill, B's report follows 3 s later: 20 s of B cover it.
+        let runs = kill_mid_run(&url, "crashy", 1_000, 20_000);
+        let (killed, _) = runs
+            .iter()
+            .find(|(_, owner)| owner == "A")
+            .cloned()
+            .expect("A's run");
+        let journal = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+            .block_on(async {
+                let reader = lock_tests::builder_for(&url)
+                    .owner("journal-reader")
+                    .build()
+                    .await
+                    .expect("a runtime");
+                reader.history("crashy", 100).await.expect("the journal")
+            });
+        let of_killed: Vec<_> = journal
+            .iter()
+            .filter(|r| {
+                r.scheduled_at()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64)
+                    == killed
+            })
+            .collect();
+        assert!(
+            matches!(of_killed.as_slice(), [r] if *r.outcome() == RunOutcome::Crashed
+                && r.owner() == "A" && r.fence().is_some()),
+            "{store}: A's killed firing {killed} is journalled as {of_killed:?}"
+        );
+        println!(
+            "{store}: A's killed run of firing {killed} is journalled crashed, fence {:?}",
+            of_killed[0].fence()
         );
     }
 }

@@ -53,8 +53,9 @@ impl Run {
         self.scheduled_at
     }
 
-    /// The instance (its runtime's owner name) that wrote this run: the one that ran the
-    /// firing, or, for a skipped firing, the one that claimed it and found the lock held.
+    /// The instance (its runtime's owner name) the run is of: the one that ran the firing
+    /// (for a `crashed` run too, though another instance wrote it), or, for a skipped
+    /// firing, the one that claimed it and found the lock held.
     pub fn owner(&self) -> &str {
         &self.owner
     }
@@ -122,7 +123,8 @@ pub enum RunOutcome {
     Missed,
     /// It ran, lost its lock mid-run, and was stopped.
     Lost,
-    /// Its holder vanished mid-run (the process died) and its lease expired unreleased.
+    /// Its holder vanished mid-run (the process died) and its lease expired unreleased, as
+    /// an instance that followed the lease saw it.
     Crashed,
 }
 

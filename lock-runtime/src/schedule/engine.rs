@@ -42,8 +42,8 @@ pub struct JobInfo {
 /// A job with its schedule checked.
 #[derive(Debug)]
 pub(crate) struct Job {
-    def: &'static ScheduledJob,
-    schedule: Schedule,
+    pub(super) def: &'static ScheduledJob,
+    pub(super) schedule: Schedule,
 }
 
 impl Job {
@@ -63,7 +63,7 @@ impl Job {
 
     /// How long this job's firing markers are kept: a catch-up job's window, plus the margin
     /// every marker has for the instances' clocks.
-    fn marker_life(&self) -> Duration {
+    pub(super) fn marker_life(&self) -> Duration {
         self.catch_up_window().unwrap_or(Duration::ZERO) + MARKER_LIFE
     }
 }
@@ -144,6 +144,8 @@ pub(crate) async fn run<F: Future>(
                 clock: clock.clone(),
                 writer: writer.clone(),
                 grace_ended: grace_ended.clone(),
+                stopped: stopped.clone(),
+                watching: Arc::default(),
             };
             Aborting(tokio::spawn(job_loop(firing, stopped.clone())))
         })
@@ -190,13 +192,17 @@ pub(crate) async fn run<F: Future>(
 
 /// What a job's loop and its firings need: the runtime, the job, the wall clock, the journal.
 #[derive(Clone)]
-struct Firer {
-    runtime: LockRuntime,
-    job: Arc<Job>,
-    clock: Clock,
-    writer: Writer,
+pub(super) struct Firer {
+    pub(super) runtime: LockRuntime,
+    pub(super) job: Arc<Job>,
+    pub(super) clock: Clock,
+    pub(super) writer: Writer,
     /// True once the runtime's shutdown grace has ended: a body still running is stopped.
     grace_ended: tokio::sync::watch::Receiver<bool>,
+    /// True once the scheduler stops.
+    pub(super) stopped: tokio::sync::watch::Receiver<bool>,
+    /// Set while this instance watches a firing another one claimed ([`super::crash`]).
+    pub(super) watching: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A task that is aborted when its handle is dropped.
@@ -439,6 +445,12 @@ async fn fire(mut firer: Firer, at: SystemTime) {
         took,
         (ctx.key(), ctx.fence()),
     );
+    // Claimed by another instance: follow its run, to tell if it crashes.
+    if matches!(ended, Ended::AlreadyRun)
+        && let Some(key) = ctx.key()
+    {
+        super::crash::watch(&firer, at, key);
+    }
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {

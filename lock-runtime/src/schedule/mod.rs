@@ -16,6 +16,7 @@
 //! reports it missed instead of running it.
 
 mod clock;
+mod crash;
 mod engine;
 pub(crate) mod marker;
 pub(crate) mod registry;

@@ -1,0 +1,131 @@
+//! Crashed runs: an instance that finds a firing claimed by another follows the job's lock
+//! while that holder has it. A lease that runs out unrenewed (not released before its
+//! expiry), with no run of the firing journalled a few seconds later, is a crash: the first
+//! of the watching instances to claim the report journals the firing as `crashed`, naming
+//! the holder and its fence.
+//!
+//! A holder that was only paused or cut off, and comes back after its lease ran out,
+//! journals the run as `lost` as well. Nobody watches a firing no other instance reached
+//! while its holder held the lock (one instance alone, or the others reaching the firing
+//! after the lease had already run out): such a crash is not journalled.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::engine::Firer;
+use super::marker::marker_key;
+use crate::history::{Run, RunOutcome};
+use crate::request::TryOutcome;
+
+/// How long a holder that lost its lease has to journal its run before it counts as crashed.
+const SETTLE: Duration = Duration::from_secs(3);
+/// The holder is read again at half its lease's time left, within these bounds.
+const POLL_MIN: Duration = Duration::from_millis(100);
+const POLL_MAX: Duration = Duration::from_secs(10);
+/// A lease gone later than this before its expiry may have run out; earlier, it was released.
+/// Generous: etcd tells the time left in whole seconds, rounded up, and a release taken for
+/// an expiry costs only the journal's read that follows.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(1_500);
+/// A store that does not answer for this long past the lease's expiry ends the watch.
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+/// Follows the holder of `key` for the firing `at` that another instance claimed, on a task
+/// of its own that ends with the scheduler's stop; at most one such watch per job.
+pub(super) fn watch(firer: &Firer, at: std::time::SystemTime, key: String) {
+    if firer.watching.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let firer = firer.clone();
+    tokio::spawn(async move {
+        let mut stopped = firer.stopped.clone();
+        tokio::select! {
+            () = follow(&firer, at, &key) => {}
+            () = async move { let _ = stopped.wait_for(|stop| *stop).await; } => {}
+        }
+        firer.watching.store(false, Ordering::Release);
+    });
+}
+
+async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
+    let runtime = &firer.runtime;
+    let job = firer.job.def.name;
+    // Nobody holds it: the run ended (or ran out) before this instance came.
+    let Ok(Some(first)) = runtime.inspect(key).await else {
+        return;
+    };
+    // A record without expiry cannot run out; this instance's own run it does not watch.
+    let Some(mut left) = first.remaining else {
+        return;
+    };
+    if first.owner == runtime.owner() {
+        return;
+    }
+    let mut clock = firer.clock.clone();
+    let started_at = clock.now().checked_sub(first.held_for).unwrap_or(at);
+    let mut expires = Instant::now() + left;
+    loop {
+        tokio::time::sleep((left / 2).clamp(POLL_MIN, POLL_MAX)).await;
+        match runtime.inspect(key).await {
+            Ok(Some(now)) if now.fence == first.fence => match now.remaining {
+                Some(r) => {
+                    left = r;
+                    expires = Instant::now() + r;
+                }
+                None => return,
+            },
+            // Gone, or held by the next run.
+            Ok(_) => break,
+            Err(_) => {
+                if Instant::now() > expires + GIVE_UP {
+                    return;
+                }
+                left = expires.saturating_duration_since(Instant::now());
+            }
+        }
+    }
+    // Gone well before it would have run out: its holder released it, and journals the run.
+    if Instant::now() + EXPIRY_MARGIN < expires {
+        return;
+    }
+    tokio::time::sleep(SETTLE).await;
+    // Journalled meanwhile (the holder came back), or the firing's claimant said why it did
+    // not run (the lease was a previous run's): no crash of this firing's run to tell.
+    match runtime.history(job, 100).await {
+        Ok(runs) if runs.iter().all(|r| r.scheduled_at() != at) => {}
+        _ => return,
+    }
+    // One report, whichever of the watching instances gets here first.
+    let life = firer.job.marker_life();
+    let claim = runtime
+        .lock(format!("{}#crashed", marker_key(key, job, at)))
+        .once(life)
+        .ttl(life)
+        .watchdog(false);
+    let Ok(TryOutcome::Acquired(report)) = claim.try_acquire_detailed().await else {
+        return;
+    };
+    tracing::warn!(
+        job,
+        holder = %first.owner,
+        fence = first.fence,
+        "the run of a firing crashed: its holder's lease ran out unreleased and no run was journalled"
+    );
+    crate::metrics::firing(job, "crashed", Duration::ZERO);
+    firer.writer.write(Run {
+        job: job.to_owned(),
+        scheduled_at: at,
+        owner: first.owner,
+        started_at,
+        finished_at: clock.now(),
+        fence: Some(first.fence),
+        outcome: RunOutcome::Crashed,
+        key: Some(key.to_owned()),
+        schedule: Some(firer.job.schedule.to_string()),
+        next_firing: firer.job.schedule.next_after(at),
+    });
+    if let Err(e) = report.complete().await {
+        tracing::debug!(job, error = %e, "the crash report's marker was not kept");
+    }
+}
