@@ -15,7 +15,8 @@ use crate::jobs::*;
 
 pub use crate::sched_suite::{
     sched_catch_up_after_a_restart_runs_what_nobody_ran, sched_firing_while_running_is_skipped,
-    sched_journal_keeps_the_newest_runs, sched_skewed_instances_run_each_firing_once,
+    sched_journal_forgets_runs_older_than_its_age, sched_journal_keeps_the_newest_runs,
+    sched_skewed_instances_run_each_firing_once,
 };
 
 fn counter() -> Arc<AtomicU64> {

@@ -190,6 +190,7 @@ macro_rules! attribute_suite {
             sched_firing_while_running_is_skipped,
             sched_catch_up_after_a_restart_runs_what_nobody_ran,
             sched_journal_keeps_the_newest_runs,
+            sched_journal_forgets_runs_older_than_its_age,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

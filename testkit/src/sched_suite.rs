@@ -264,6 +264,43 @@ async fn journalled() -> Result<(), LockError> {
     Ok(())
 }
 
+/// With an age bound of 1 s, the journal forgets the runs older than that at the next
+/// append: after runs a second apart it keeps the newest one or two, never the first.
+pub async fn sched_journal_forgets_runs_older_than_its_age<H: Harness>(store: &H) {
+    let runtime = store.runtime().await;
+    let owner = runtime.owner().to_owned();
+    let watched = owner.clone();
+    scheduler_of(runtime, vec![&JOURNALLED])
+        .history_retention(Duration::from_secs(1), 1_000)
+        .run_until(async move {
+            for _ in 0..200 {
+                if ran_by(&watched).len() >= 4 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the scheduler ran");
+    let journal = match store.runtime().await.history(JOURNALLED.name, 100).await {
+        Ok(runs) => runs,
+        Err(LockError::Unsupported(_)) if !store.keeps_history() => return,
+        Err(e) => panic!("reading the journal: {e}"),
+    };
+    let ran = ran_by(&owner);
+    assert!(ran.len() >= 4, "{} runs in 10 s: {ran:?}", ran.len());
+    let ms = |t: SystemTime| {
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let journalled: Vec<u64> = journal.iter().map(|r| ms(r.scheduled_at())).collect();
+    let newest = ran.last().copied().unwrap_or_default();
+    assert!(
+        (1..=2).contains(&journalled.len()) && journalled[0] == newest,
+        "runs {ran:?} a second apart, an age bound of 1 s: the journal kept {journalled:?}"
+    );
+}
+
 static JOURNALLED: ScheduledJob = every_second("kit-journalled", || {
     Box::pin(async { job_end(&journalled().await) })
 });
