@@ -358,7 +358,16 @@ where
     let firing = marker::current().filter(|f| f.take_turn());
     let mut retry_marker = None;
     if let Some(firing) = &firing {
-        firing.locks(&spec.key);
+        // Its crash can be told from the lease alone when a live holder never outlives its
+        // lease unnoticed (renewed, stopped on a loss), the lease ends with the run (no
+        // `min_hold` record kept after it, no `once` marker), and a firing that finds the
+        // lock held is skipped and says so (not queued behind the run before it).
+        let watchable = spec.watchdog
+            && spec.abort_on_lost
+            && spec.min_hold_ms == 0
+            && spec.once_ms.is_none()
+            && matches!(spec.contention, Contention::Skip);
+        firing.locks(&spec.key, watchable);
         match Box::pin(marker::claim(&runtime, &spec.key, firing)).await {
             Ok(marker::Claim::Mine(guard)) => {
                 firing.claimed();

@@ -328,3 +328,57 @@ async fn a_local_run_outlasting_the_grace_is_stopped_and_journalled_failed() {
         "stopped after the grace of 5 s: {took:?}"
     );
 }
+
+static OUTLIVED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[scheduled(every = "1m")]
+#[distributed_lock(
+    key = "history-outlives-its-lease",
+    ttl = "1s",
+    watchdog = false,
+    on_lost = "continue"
+)]
+async fn outlives_its_lease() {
+    OUTLIVED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+}
+
+/// A run that outlives its unrenewed lease (`watchdog = false`, `on_lost = "continue"`), its holder alive: the other
+/// instance, which found the firing claimed, does not take the lease's end for a crash; the
+/// journal has the run once, ok, by its holder. (A watch of any lease used to journal it
+/// `crashed` 3 s after the lease ran out, before the holder journalled it ok.)
+#[tokio::test(start_paused = true)]
+async fn a_live_run_outliving_an_unrenewed_lease_is_not_journalled_crashed() {
+    let store = MemoryStore::new();
+    let mut schedulers = Vec::new();
+    for (owner, behind_ms) in [("ahead", 0), ("behind", 300)] {
+        let runtime = instance(store.clone(), owner).await;
+        schedulers.push(tokio::spawn(
+            Scheduler::new(runtime)
+                .only(["outlives_its_lease"])
+                .wall_clock_from(
+                    UNIX_EPOCH + Duration::from_secs(NOON + 1) - Duration::from_millis(behind_ms),
+                )
+                .run_until(tokio::time::sleep(Duration::from_secs(75))),
+        ));
+    }
+    for s in schedulers {
+        s.await
+            .expect("a scheduler task")
+            .expect("the scheduler ran");
+    }
+    assert_eq!(
+        OUTLIVED.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one run"
+    );
+    let reader = instance(store, "reader").await;
+    let runs = reader
+        .history("outlives_its_lease", 10)
+        .await
+        .expect("the journal reads");
+    assert!(
+        matches!(runs.as_slice(), [r] if *r.outcome() == RunOutcome::Ok && r.owner() == "ahead"),
+        "journalled as {runs:?}"
+    );
+}

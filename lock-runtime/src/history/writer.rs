@@ -55,6 +55,11 @@ impl Writer {
         (Writer { queue: Some(queue) }, Flush(Some(task)))
     }
 
+    /// Whether runs are written (history kept, and the store takes them).
+    pub(crate) fn is_on(&self) -> bool {
+        self.queue.as_ref().is_some_and(|q| !q.is_closed())
+    }
+
     /// Queues `run` for its journal, without waiting.
     pub(crate) fn write(&self, run: Run) {
         let Some(queue) = &self.queue else { return };

@@ -4,10 +4,16 @@
 //! of the watching instances to claim the report journals the firing as `crashed`, naming
 //! the holder and its fence.
 //!
+//! Only jobs whose lease says it: renewed by the watchdog and stopped on a loss (a live
+//! holder never outlives its lease unnoticed), no `min_hold` or `once` (the record ends with
+//! the run), `on_contention = "skip"` (a firing finding the previous run is journalled
+//! skipped, not queued behind it), no `retry_crashed` (its crashed firing runs again).
+//!
 //! A holder that was only paused or cut off, and comes back after its lease ran out,
 //! journals the run as `lost` as well. Nobody watches a firing no other instance reached
 //! while its holder held the lock (one instance alone, or the others reaching the firing
-//! after the lease had already run out): such a crash is not journalled.
+//! after the lease had already run out), and one watch per job at a time leaves some firings
+//! of a job with short runs unwatched: such crashes are not journalled.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -28,6 +34,10 @@ const POLL_MAX: Duration = Duration::from_secs(10);
 /// Generous: etcd tells the time left in whole seconds, rounded up, and a release taken for
 /// an expiry costs only the journal's read that follows.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(1_500);
+/// How long the claimant's lease may take to appear after its marker.
+const APPEAR: Duration = Duration::from_secs(2);
+/// How many of the job's newest runs are searched for the firing and the lease.
+const JOURNAL_READ: usize = 1_000;
 /// A store that does not answer for this long past the lease's expiry ends the watch.
 const GIVE_UP: Duration = Duration::from_secs(60);
 
@@ -51,9 +61,21 @@ pub(super) fn watch(firer: &Firer, at: std::time::SystemTime, key: String) {
 async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
     let runtime = &firer.runtime;
     let job = firer.job.def.name;
-    // Nobody holds it: the run ended (or ran out) before this instance came.
-    let Ok(Some(first)) = runtime.inspect(key).await else {
-        return;
+    // A later firing is journalled already: this instance's clock is behind, and the lease it
+    // would see is a later run's.
+    match runtime.history(job, 1).await {
+        Ok(newest) if newest.iter().all(|r| r.scheduled_at() <= at) => {}
+        _ => return,
+    }
+    // The claimant takes the job's lock a few round trips after its marker: a short while to
+    // see it. Nobody holds it then: the run ended (or ran out) before this instance came.
+    let appear = Instant::now() + APPEAR;
+    let first = loop {
+        match runtime.inspect(key).await {
+            Ok(Some(holder)) => break holder,
+            Ok(None) if Instant::now() < appear => tokio::time::sleep(POLL_MIN).await,
+            _ => return,
+        }
     };
     // A record without expiry cannot run out; this instance's own run it does not watch.
     let Some(mut left) = first.remaining else {
@@ -90,10 +112,14 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         return;
     }
     tokio::time::sleep(SETTLE).await;
-    // Journalled meanwhile (the holder came back), or the firing's claimant said why it did
-    // not run (the lease was a previous run's): no crash of this firing's run to tell.
-    match runtime.history(job, 100).await {
-        Ok(runs) if runs.iter().all(|r| r.scheduled_at() != at) => {}
+    // The firing journalled meanwhile (its run, or its claimant saying why it did not run:
+    // the lease was a previous run's), or the lease's run journalled (the holder came back):
+    // no crash of this firing's run to tell.
+    match runtime.history(job, JOURNAL_READ).await {
+        Ok(runs)
+            if runs
+                .iter()
+                .all(|r| r.scheduled_at() != at && r.fence() != Some(first.fence)) => {}
         _ => return,
     }
     // One report, whichever of the watching instances gets here first.
@@ -103,8 +129,13 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         .once(life)
         .ttl(life)
         .watchdog(false);
-    let Ok(TryOutcome::Acquired(report)) = claim.try_acquire_detailed().await else {
-        return;
+    let report = match claim.try_acquire_detailed().await {
+        Ok(TryOutcome::Acquired(report)) => report,
+        Ok(_) => return, // another watcher reports it
+        Err(e) => {
+            tracing::debug!(job, error = %e, "the crash of a run could not be claimed for the journal");
+            return;
+        }
     };
     tracing::warn!(
         job,
@@ -112,7 +143,6 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         fence = first.fence,
         "the run of a firing crashed: its holder's lease ran out unreleased and no run was journalled"
     );
-    crate::metrics::firing(job, "crashed", Duration::ZERO);
     firer.writer.write(Run {
         job: job.to_owned(),
         scheduled_at: at,

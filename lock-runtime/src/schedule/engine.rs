@@ -445,9 +445,12 @@ async fn fire(mut firer: Firer, at: SystemTime) {
         took,
         (ctx.key(), ctx.fence()),
     );
-    // Claimed by another instance: follow its run, to tell if it crashes.
+    // Claimed by another instance: follow its run, to tell if it crashes. (A crashed run of
+    // a `retry_crashed` job is run again instead; a scheduler without history writes none.)
     if matches!(ended, Ended::AlreadyRun)
-        && let Some(key) = ctx.key()
+        && !job.def.retry_crashed
+        && firer.writer.is_on()
+        && let Some(key) = ctx.watchable_key()
     {
         super::crash::watch(&firer, at, key);
     }

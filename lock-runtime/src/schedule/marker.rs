@@ -43,8 +43,9 @@ pub(crate) struct FiringContext {
     fence: AtomicU64,
     /// This instance claimed the firing's marker: no other instance will run it.
     claimed: AtomicBool,
-    /// The job's lock key, once its locked call has begun.
-    key: OnceLock<String>,
+    /// The job's lock key, once its locked call has begun, and whether a crash of a run of
+    /// that call can be told from its lease ([`super::crash`]).
+    key: OnceLock<(String, bool)>,
 }
 
 impl FiringContext {
@@ -70,13 +71,22 @@ impl FiringContext {
     }
 
     /// The job's own locked call has begun, on `key`.
-    pub(crate) fn locks(&self, key: &str) {
-        let _ = self.key.set(key.to_owned());
+    pub(crate) fn locks(&self, key: &str, watchable: bool) {
+        let _ = self.key.set((key.to_owned(), watchable));
     }
 
     /// The job's lock key, if its locked call began.
     pub(crate) fn key(&self) -> Option<String> {
-        self.key.get().cloned()
+        self.key.get().map(|(key, _)| key.clone())
+    }
+
+    /// The job's lock key, if its locked call began and a run's crash can be told from its
+    /// lease.
+    pub(crate) fn watchable_key(&self) -> Option<String> {
+        self.key
+            .get()
+            .filter(|(_, watchable)| *watchable)
+            .map(|(key, _)| key.clone())
     }
 
     /// This instance claimed the firing: its end, whatever it is, is this instance's to tell.
