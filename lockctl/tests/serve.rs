@@ -1,8 +1,9 @@
 //! `lockctl serve` in a real browser: headless Chromium, driven through chromedriver
-//! (WebDriver), reads the page of a five-instance scheduled run on Redis and finds each
-//! firing with the instance that ran it, in the table and on the timeline; the page is
-//! read-only unless asked, a forced release needs its key typed, and the store's password
-//! appears nowhere. A screenshot of the job's page is left in the test's output directory.
+//! (WebDriver), reads the page of a five-instance scheduled run on Redis, PostgreSQL and etcd
+//! and finds each firing with the instance that ran it, in the table and on the timeline, as
+//! `lockctl history` lists them; the page is read-only unless asked, a forced release needs
+//! its key typed, and the store's password appears nowhere. A screenshot of the job's page is
+//! left in the test's output directory.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -11,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use lock_runtime::{LockRuntime, RunOutcome, Scheduler};
-use lock_tests::RedisServer;
+use lock_runtime::{Run, RunOutcome, Scheduler};
+use lock_tests::{EtcdCluster, PostgresServer, RedisServer};
 
 const PASSWORD: &str = "s3cret-page-pw";
 
@@ -40,10 +41,12 @@ impl Drop for Started {
     }
 }
 
-/// `lockctl serve` on a free loopback port, with `extra` options; the process and its URL.
-fn serve(url: &str, extra: &[&str]) -> (Started, String) {
+/// `lockctl serve` on the store `store` names (lockctl's options), on a free loopback port,
+/// with `extra` options; the process and its URL.
+fn serve(store: &[String], extra: &[&str]) -> (Started, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(["--redis", url, "serve", "--listen", "127.0.0.1:0"])
+        .args(store)
+        .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .env_remove("REDIS_URL")
         .stdout(Stdio::piped())
@@ -147,15 +150,12 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Five instances, their clocks 0, +0.4, -0.7, +1.2 and -1.9 s apart, run a job of every
-/// second (50 ms a run) for 7 s on one Redis server; then the page, in Chromium.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
-    let server = RedisServer::start_with(&["--requirepass", PASSWORD]);
-    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", server.port());
+/// second (50 ms a run) for 7 s on the store `url` names ([`lock_tests::builder_for`]); the
+/// job's journal, each firing once.
+async fn five_instances_run_the_job(url: &str) -> Vec<Run> {
     let mut schedulers = Vec::new();
     for (i, skew_ms) in [0i64, 400, -700, 1_200, -1_900].into_iter().enumerate() {
-        let runtime = LockRuntime::builder()
-            .redis(url.as_str())
+        let runtime = lock_tests::builder_for(url)
             .owner(format!("instance-{}", i + 1))
             .build()
             .await
@@ -178,8 +178,7 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
             .expect("a scheduler task")
             .expect("the scheduler ran");
     }
-    let reader = LockRuntime::builder()
-        .redis(url.as_str())
+    let reader = lock_tests::builder_for(url)
         .owner("test-reader")
         .build()
         .await
@@ -199,11 +198,50 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
         "a firing journalled twice: {runs:?}"
     );
 
-    let (_page, page_url) = serve(&url, &[]);
-    let (_driver, driver_port) = chromedriver();
-    let profile = tempfile::tempdir().expect("a profile directory");
-    let c = browser(driver_port, profile.path()).await;
+    runs
+}
 
+/// `lockctl history` says what the journal says: each run, its instance and outcome.
+async fn lockctl_history_agrees(store: &[String], runs: &[Run]) {
+    let store = store.to_vec();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(&store)
+            .args(["--json", "history", "web-posting", "--limit", "100"])
+            .env_remove("REDIS_URL")
+            .output()
+            .expect("running lockctl")
+    })
+    .await
+    .expect("join");
+    assert!(out.status.success(), "lockctl history: {out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("lockctl's JSON");
+    let listed: Vec<(String, String, String)> = listed
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| {
+            let text = |f: &str| r[f].as_str().unwrap_or_default().to_owned();
+            (text("scheduled_at"), text("owner"), text("outcome"))
+        })
+        .collect();
+    let journalled: Vec<(String, String, String)> = runs
+        .iter()
+        .map(|r| {
+            (
+                rfc3339(r.scheduled_at()),
+                r.owner().to_owned(),
+                r.outcome().label().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, journalled, "lockctl history against the journal");
+}
+
+/// In Chromium: the job's row in the jobs table, then its page, where each journalled run is
+/// a row naming its firing, instance and outcome and a mark in its instance's lane of the
+/// timeline. The browser is left on the job's page.
+async fn the_job_page_agrees(c: &Client, page_url: &str, runs: &[Run]) {
     // The jobs table, and from it the job's page.
     c.goto(&format!("{page_url}/"))
         .await
@@ -228,12 +266,6 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
         "-",
         "nobody holds the job's lock"
     );
-    let source = c.source().await.expect("the page's source");
-    assert!(!source.contains(PASSWORD), "the password is on the page");
-    assert!(
-        source.contains(":***@127.0.0.1"),
-        "the store is named: {source}"
-    );
     row.find(Locator::Css("a"))
         .await
         .expect("the job's link")
@@ -256,7 +288,7 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
         .await
         .expect("the runs table");
     assert_eq!(rows.len(), runs.len(), "one row per journalled run");
-    for (row, run) in rows.iter().zip(&runs) {
+    for (row, run) in rows.iter().zip(runs) {
         let cells = row.find_all(Locator::Css("td")).await.expect("cells");
         let at = rfc3339(run.scheduled_at());
         assert_eq!(cells[0].text().await.expect("text"), at);
@@ -299,6 +331,34 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
             "firing {at} is not drawn: {width}x{height}"
         );
     }
+}
+
+/// The five instances on a password-protected Redis server; then `lockctl history`, the page
+/// in Chromium (and its screenshot), no password on it, and forced release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
+    let server = RedisServer::start_with(&["--requirepass", PASSWORD]);
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", server.port());
+    let store = vec!["--redis".to_owned(), url.clone()];
+    let runs = five_instances_run_the_job(&url).await;
+    lockctl_history_agrees(&store, &runs).await;
+    let reader = lock_tests::builder_for(&url)
+        .owner("test-reader")
+        .build()
+        .await
+        .expect("a runtime");
+
+    let (_page, page_url) = serve(&store, &[]);
+    let (_driver, driver_port) = chromedriver();
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let c = browser(driver_port, profile.path()).await;
+    the_job_page_agrees(&c, &page_url, &runs).await;
+    let source = c.source().await.expect("the page's source");
+    assert!(!source.contains(PASSWORD), "the password is on the page");
+    assert!(
+        source.contains(":***@127.0.0.1"),
+        "the store is named: {source}"
+    );
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lockctl-serve");
     std::fs::create_dir_all(&dir).expect("the screenshot directory");
     let shot = dir.join("job-page.png");
@@ -308,8 +368,7 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
     println!("screenshot of the job's page: {}", shot.display());
 
     // Read-only: no release link, and the release page refuses.
-    let holder = LockRuntime::builder()
-        .redis(url.as_str())
+    let holder = lock_tests::builder_for(&url)
         .owner("web-holder")
         .build()
         .await
@@ -340,7 +399,7 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
         .expect("the release page refuses");
 
     // With --allow-force-release: a release needs the key typed.
-    let (_releasing, releasing_url) = serve(&url, &["--allow-force-release"]);
+    let (_releasing, releasing_url) = serve(&store, &["--allow-force-release"]);
     c.goto(&format!("{releasing_url}/"))
         .await
         .expect("the home page");
@@ -372,4 +431,32 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
     );
     c.close().await.expect("closing the browser");
     drop(guard);
+}
+
+/// The same run, `lockctl history` and page on PostgreSQL and on etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_who_ran_each_firing_on_postgres_and_etcd() {
+    let postgres = PostgresServer::start();
+    let etcd = EtcdCluster::start(1);
+    let endpoints = etcd.endpoints().join(",");
+    let stores = [
+        (
+            postgres.url(),
+            vec!["--postgres".to_owned(), postgres.url()],
+        ),
+        (
+            format!("etcd:{endpoints}"),
+            vec!["--etcd".to_owned(), endpoints.clone()],
+        ),
+    ];
+    let (_driver, driver_port) = chromedriver();
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let c = browser(driver_port, profile.path()).await;
+    for (url, store) in stores {
+        let runs = five_instances_run_the_job(&url).await;
+        lockctl_history_agrees(&store, &runs).await;
+        let (_page, page_url) = serve(&store, &[]);
+        the_job_page_agrees(&c, &page_url, &runs).await;
+    }
+    c.close().await.expect("closing the browser");
 }
