@@ -132,8 +132,12 @@ fn preview(value: &str) -> String {
 }
 
 /// Replaces the password (and a lone token-style user) of a URL with `***`, so a URL can be
-/// shown in errors and logs.
-pub(crate) fn redact_url(url: &str) -> String {
+/// shown in errors and logs (as the runtime shows store addresses; `lockctl` too).
+///
+/// ```
+/// assert_eq!(lock_runtime::redact_url("redis://app:s3cret@db:6379/0"), "redis://app:***@db:6379/0");
+/// ```
+pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         // Not a URL we can read; show nothing that could be a secret.
         return if url.contains('@') {

@@ -72,6 +72,7 @@ pub mod store;
 mod watchdog;
 
 pub use builder::LockRuntimeBuilder;
+pub use config::redact_url;
 pub use context::current_lease;
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;

@@ -1,28 +1,18 @@
 //! Store addresses as lockctl shows them: without passwords.
 
-/// `url` with the password of its user part (`user:password@`) and its query (which may
-/// carry `password=`) replaced by `***`. A text that is not a URL (a PostgreSQL `key=value`
-/// connection string) is not shown at all.
+/// `url` with the password of its user part (`user:password@`) replaced by `***`, as the
+/// runtime shows it ([`lock_runtime::redact_url`]), and its query (which may carry
+/// `password=`) too. A text that is not a URL (a PostgreSQL `key=value` connection string)
+/// is not shown at all.
 pub(crate) fn url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    if !url.contains("://") {
         return "(connection string not shown)".to_owned();
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("***@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let path = match path.split_once('?') {
-        Some((path, _)) => format!("{path}?***"),
-        None => path.to_owned(),
-    };
-    format!("{scheme}://{authority}{path}")
+    }
+    let shown = lock_runtime::redact_url(url);
+    match shown.split_once('?') {
+        Some((before, _)) => format!("{before}?***"),
+        None => shown,
+    }
 }
 
 /// `text` (an error message, say) with every URL in it redacted as [`url`] does.

@@ -189,23 +189,9 @@ pub async fn sched_skewed_instances_run_each_firing_once<H: Harness>(store: &H) 
 /// first, each with the instance that ran it; the job is listed as journalled. A store may
 /// decline run history with `LockError::Unsupported`, on every call.
 pub async fn sched_journal_keeps_the_newest_runs<H: Harness>(store: &H) {
-    let runtime = store.runtime().await;
-    let owner = runtime.owner().to_owned();
-    // Until it has run three firings (at most 10 s): a stop overtaking a firing at its start
-    // would leave a run that is not one of the newest two.
-    let watched = owner.clone();
-    scheduler_of(runtime, vec![&JOURNALLED])
-        .history_retention(Duration::from_secs(3600), 2)
-        .run_until(async move {
-            for _ in 0..200 {
-                if ran_by(&watched).len() >= 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("the scheduler ran");
+    // Until it has run three firings: a stop overtaking a firing at its start would leave a
+    // run that is not one of the newest two.
+    let owner = run_journalled(store, (Duration::from_secs(3600), 2), 3).await;
     let reader = store.runtime().await;
     let journal = match reader.history(JOURNALLED.name, 10).await {
         Ok(runs) if store.keeps_history() => runs,
@@ -267,21 +253,7 @@ async fn journalled() -> Result<(), LockError> {
 /// With an age bound of 1 s, the journal forgets the runs older than that at the next
 /// append: after runs a second apart it keeps the newest one or two, never the first.
 pub async fn sched_journal_forgets_runs_older_than_its_age<H: Harness>(store: &H) {
-    let runtime = store.runtime().await;
-    let owner = runtime.owner().to_owned();
-    let watched = owner.clone();
-    scheduler_of(runtime, vec![&JOURNALLED])
-        .history_retention(Duration::from_secs(1), 1_000)
-        .run_until(async move {
-            for _ in 0..200 {
-                if ran_by(&watched).len() >= 4 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("the scheduler ran");
+    let owner = run_journalled(store, (Duration::from_secs(1), 1_000), 4).await;
     let journal = match store.runtime().await.history(JOURNALLED.name, 100).await {
         Ok(runs) => runs,
         Err(LockError::Unsupported(_)) if !store.keeps_history() => return,
@@ -299,6 +271,27 @@ pub async fn sched_journal_forgets_runs_older_than_its_age<H: Harness>(store: &H
         (1..=2).contains(&journalled.len()) && journalled[0] == newest,
         "runs {ran:?} a second apart, an age bound of 1 s: the journal kept {journalled:?}"
     );
+}
+
+/// Runs the journalled job on one instance of `store`, its journal kept by `keep` (age,
+/// count), until it has run `runs` firings (at most 10 s); the instance's owner.
+async fn run_journalled<H: Harness>(store: &H, keep: (Duration, usize), runs: usize) -> String {
+    let runtime = store.runtime().await;
+    let owner = runtime.owner().to_owned();
+    let watched = owner.clone();
+    scheduler_of(runtime, vec![&JOURNALLED])
+        .history_retention(keep.0, keep.1)
+        .run_until(async move {
+            for _ in 0..200 {
+                if ran_by(&watched).len() >= runs {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the scheduler ran");
+    owner
 }
 
 static JOURNALLED: ScheduledJob = every_second("kit-journalled", || {

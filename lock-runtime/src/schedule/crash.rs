@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::engine::Firer;
 use super::marker::marker_key;
-use crate::history::{Run, RunOutcome};
+use crate::history::RunOutcome;
 use crate::request::TryOutcome;
 
 /// How long a holder that lost its lease has to journal its run before it counts as crashed.
@@ -143,18 +143,13 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         fence = first.fence,
         "the run of a firing crashed: its holder's lease ran out unreleased and no run was journalled"
     );
-    firer.writer.write(Run {
-        job: job.to_owned(),
-        scheduled_at: at,
-        owner: first.owner,
-        started_at,
-        finished_at: clock.now(),
-        fence: Some(first.fence),
-        outcome: RunOutcome::Crashed,
-        key: Some(key.to_owned()),
-        schedule: Some(firer.job.schedule.to_string()),
-        next_firing: firer.job.schedule.next_after(at),
-    });
+    firer.writer.write(firer.run(
+        at,
+        first.owner,
+        (started_at, clock.now()),
+        (Some(key.to_owned()), Some(first.fence)),
+        RunOutcome::Crashed,
+    ));
     if let Err(e) = report.complete().await {
         tracing::debug!(job, error = %e, "the crash report's marker was not kept");
     }

@@ -165,21 +165,11 @@ pub(crate) async fn run<F: Future>(
     // between a run's release and its journal entry: a run that ended well would go
     // unrecorded.)
     let grace_end = tokio::time::Instant::now() + runtime.inner.shutdown_grace;
-    tokio::join!(runtime.shutdown(), async {
-        for firing in &mut running {
-            if firing.is_running() {
-                let _ = tokio::time::timeout_at(grace_end, &mut firing.0).await;
-            }
-        }
-    });
+    tokio::join!(runtime.shutdown(), ended_by(&mut running, grace_end));
     let _ = grace_over.send(true);
-    let reported_by = tokio::time::Instant::now() + REPORTED;
+    ended_by(&mut running, tokio::time::Instant::now() + REPORTED).await;
     for firing in &mut running {
-        if firing.is_running()
-            && tokio::time::timeout_at(reported_by, &mut firing.0)
-                .await
-                .is_err()
-        {
+        if firing.is_running() {
             firing.0.abort();
             let _ = (&mut firing.0).await;
         }
@@ -188,6 +178,15 @@ pub(crate) async fn run<F: Future>(
     drop(loops);
     drop(writer);
     flush.wait().await;
+}
+
+/// Waits for the `firings` still running to end, until `deadline`.
+async fn ended_by(firings: &mut [Aborting<()>], deadline: tokio::time::Instant) {
+    for firing in firings {
+        if firing.is_running() {
+            let _ = tokio::time::timeout_at(deadline, &mut firing.0).await;
+        }
+    }
 }
 
 /// What a job's loop and its firings need: the runtime, the job, the wall clock, the journal.
@@ -484,18 +483,38 @@ impl Firer {
     ) {
         report(&self.runtime, &self.job, at, ended, took);
         if let Some(outcome) = ended.journalled(self.job.def.local) {
-            self.writer.write(Run {
-                job: self.job.def.name.to_owned(),
-                scheduled_at: at,
-                owner: self.runtime.owner().to_owned(),
-                started_at,
-                finished_at,
-                fence,
+            let owner = self.runtime.owner().to_owned();
+            self.writer.write(self.run(
+                at,
+                owner,
+                (started_at, finished_at),
+                (key, fence),
                 outcome,
-                key,
-                schedule: Some(self.job.schedule.to_string()),
-                next_firing: self.job.schedule.next_after(at),
-            });
+            ));
+        }
+    }
+
+    /// The journal's entry for the firing `at` of this job: its run by `owner`, with the
+    /// job's schedule and next firing.
+    pub(super) fn run(
+        &self,
+        at: SystemTime,
+        owner: String,
+        (started_at, finished_at): (SystemTime, SystemTime),
+        (key, fence): (Option<String>, Option<u64>),
+        outcome: RunOutcome,
+    ) -> Run {
+        Run {
+            job: self.job.def.name.to_owned(),
+            scheduled_at: at,
+            owner,
+            started_at,
+            finished_at,
+            fence,
+            outcome,
+            key,
+            schedule: Some(self.job.schedule.to_string()),
+            next_firing: self.job.schedule.next_after(at),
         }
     }
 }
