@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fast tier, for day-to-day work: format, clippy, unit tests, the conformance kit on the
-# memory store and on the example map store, the attribute's compile-error tests and the docs.
+# memory store and on the example map store, the attribute's compile-error tests, the doc
+# tests and the docs.
 # It starts no server. ./scripts/test.sh is the full gate CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +20,5 @@ step "unit tests" cargo test --workspace --lib --locked
 step "kit on the memory store" cargo test -p lock-tests --test memory_suite --locked
 step "kit on the example map store" cargo test -p lock-testkit --locked
 step "attribute compile errors (trybuild)" cargo test -p lock-tests --test ui --locked
+step "doc tests" cargo test --workspace --doc --locked
 step "docs" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

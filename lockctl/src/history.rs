@@ -147,7 +147,10 @@ pub(crate) async fn job_rows(runtime: &LockRuntime) -> Result<Vec<JobRow>, LockE
 pub(crate) fn holder_text(holder: Option<&LockInfo>) -> String {
     holder.map_or_else(
         || "-".to_owned(),
-        |h| format!("{} (fence {})", h.owner, h.fence),
+        |h| match h.fence {
+            Some(fence) => format!("{} (fence {fence})", h.owner),
+            None => h.owner.clone(),
+        },
     )
 }
 

@@ -93,8 +93,12 @@ enum Action {
         force: bool,
         /// Only if the holder's fence is this one (as `list` showed it): a holder that came in
         /// since is left alone. Without it, the current holder is read first.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "holder")]
         fence: Option<u64>,
+        /// Only if the holding is this one (its `holder` id, as `list --json` or `show
+        /// --json` showed it): a later holding, even of the same owner, is left alone.
+        #[arg(long)]
+        holder: Option<String>,
     },
     /// The list, refreshed every second until Ctrl-C.
     Watch {

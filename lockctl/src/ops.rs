@@ -46,16 +46,22 @@ pub(crate) async fn run(
                 Ok(ExitCode::from(1))
             }
         },
-        Action::Release { key, force, fence } => {
+        Action::Release {
+            key,
+            force,
+            fence,
+            holder,
+        } => {
             if !force {
                 anyhow::bail!(
                     "refusing to release `{key}` without --force: the holder may still be \
                      working, and a second holder would run alongside it"
                 );
             }
-            let released = match fence {
-                Some(fence) => runtime.force_release_fence(&key, fence).await?,
-                None => runtime.force_release(&key).await?,
+            let released = match (fence, holder) {
+                (Some(fence), _) => runtime.force_release_fence(&key, fence).await?,
+                (None, Some(holder)) => runtime.force_release_holder(&key, &holder).await?,
+                (None, None) => runtime.force_release(&key).await?,
             };
             // Not released: say whether the lock is free or has another holder now.
             let holder = if released {
@@ -64,18 +70,31 @@ pub(crate) async fn run(
                 runtime.inspect(&key).await?
             };
             if json {
-                let now = holder.as_ref().map(|h| h.fence);
+                let now = holder.as_ref().and_then(|h| h.fence);
+                let holding = holder.as_ref().map(|h| h.holder.as_str());
                 emit(&format!(
                     "{}\n",
-                    serde_json::json!({ "key": key, "released": released, "held_with_fence": now })
+                    serde_json::json!({
+                        "key": key,
+                        "released": released,
+                        "held_with_fence": now,
+                        "held_by_holder": holding,
+                    })
                 ))?;
             } else if released {
                 emit(&format!("released `{key}`; waiters were woken\n"))?;
             } else if let Some(holder) = holder {
-                emit(&format!(
-                    "`{key}` was not released: it is held with fence {} by {}\n",
-                    holder.fence, holder.owner
-                ))?;
+                emit(&match holder.fence {
+                    Some(fence) => format!(
+                        "`{key}` was not released: it is held with fence {fence} by {}\n",
+                        holder.owner
+                    ),
+                    None => format!(
+                        "`{key}` was not released: it is held by {} (holding {}, no fence \
+                         issued)\n",
+                        holder.owner, holder.holder
+                    ),
+                })?;
             } else {
                 emit(&format!("`{key}` was not locked\n"))?;
             }
@@ -185,6 +204,11 @@ fn render(locks: &[LockInfo], json: bool) -> String {
     }
 }
 
+/// A fence as a cell: the number, or `-` when none was issued.
+pub(crate) fn fence_text(fence: Option<u64>) -> String {
+    fence.map_or_else(|| "-".to_owned(), |f| f.to_string())
+}
+
 fn secs(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
 }
@@ -216,8 +240,8 @@ pub(crate) fn table(rows: &[LockInfo]) -> String {
         let mut row = vec![
             r.key.clone(),
             r.owner.clone(),
-            r.fence.to_string(),
-            secs(Some(r.held_for)),
+            fence_text(r.fence),
+            secs(r.held_for),
             secs(r.remaining),
         ];
         if redlock {
@@ -258,7 +282,8 @@ pub(crate) fn to_json(rows: &[LockInfo]) -> serde_json::Value {
                     "key": r.key,
                     "owner": r.owner,
                     "fence": r.fence,
-                    "age_ms": u64::try_from(r.held_for.as_millis()).unwrap_or(u64::MAX),
+                    "holder": r.holder,
+                    "age_ms": r.held_for.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     "ttl_ms": r.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 });
                 if let Some(q) = &r.quorum {

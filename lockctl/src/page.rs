@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use lock_runtime::{LockInfo, Run, RunOutcome};
 
 use crate::history::{JobRow, holder_text, rfc3339, took_ms};
+use crate::ops::fence_text;
 
 /// `text` safe inside HTML text and attribute values.
 pub(crate) fn esc(text: &str) -> String {
@@ -154,16 +155,16 @@ pub(crate) fn locks_table(locks: &[LockInfo], releasing: bool) -> String {
              <td class=\"num\">{age}</td><td class=\"num\">{left}</td>",
             key = esc(&l.key),
             owner = esc(&l.owner),
-            fence = l.fence,
-            age = secs(Some(l.held_for)),
+            fence = fence_text(l.fence),
+            age = secs(l.held_for),
             left = secs(l.remaining),
         );
         if releasing {
             let _ = write!(
                 out,
-                "<td><a href=\"/locks/{}/release?fence={}\">force release…</a></td>",
+                "<td><a href=\"/locks/{}/release?holder={}\">force release…</a></td>",
                 esc(&segment(&l.key)),
-                l.fence
+                esc(&segment(&l.holder))
             );
         }
         out.push_str("</tr>");

@@ -185,7 +185,9 @@ async fn job_page(
 
 #[derive(Deserialize)]
 struct ReleaseQuery {
-    fence: Option<u64>,
+    /// The holding the link was drawn for (its `LockInfo::holder` id); the current one when
+    /// absent.
+    holder: Option<String>,
 }
 
 fn refused(app: &App) -> Response {
@@ -217,20 +219,26 @@ async fn confirm_release(
         }
         Err(e) => return app.failed(&format!("reading `{key}`"), &e),
     };
-    let fence = q.fence.unwrap_or(holder.fence);
+    let meant = q.holder.unwrap_or_else(|| holder.holder.clone());
+    let since = if meant == holder.holder {
+        ""
+    } else {
+        " (not the holding the link was drawn for, which is gone: releasing will do nothing)"
+    };
     let body = format!(
         "<h1>Force the release of {key}?</h1><p>It is held by <b>{owner}</b> with fence \
-         {held}. Forcing it free lets another instance take it while this holder may still be \
-         working; the holder hears of it at its next renewal. Only the holder with fence \
-         {fence} is released: one that came since is left alone.</p>\
+         {held}{since}. Forcing it free lets another instance take it while this holder may \
+         still be working; the holder hears of it at its next renewal. Only the holding \
+         <code>{meant_text}</code> is released: one that came since is left alone.</p>\
          <form method=\"post\" action=\"/locks/{link}/release\">\
-         <input type=\"hidden\" name=\"fence\" value=\"{fence}\">\
+         <input type=\"hidden\" name=\"holder\" value=\"{meant_text}\">\
          <label>Type the key to confirm: <input name=\"confirm\" id=\"confirm\" \
          autocomplete=\"off\"></label> <button type=\"submit\" id=\"release\">Force release\
          </button></form><p><a href=\"/\">Back</a></p>",
         key = esc(&key),
         owner = esc(&holder.owner),
-        held = holder.fence,
+        held = crate::ops::fence_text(holder.fence),
+        meant_text = esc(&meant),
         link = esc(&segment(&key)),
     );
     app.page(StatusCode::OK, &key, &body)
@@ -238,7 +246,7 @@ async fn confirm_release(
 
 #[derive(Deserialize)]
 struct ReleaseForm {
-    fence: u64,
+    holder: String,
     #[serde(default)]
     confirm: String,
 }
@@ -262,16 +270,16 @@ async fn release(
             ),
         );
     }
-    let text = match app.runtime.force_release_fence(&key, f.fence).await {
+    let text = match app.runtime.force_release_holder(&key, &f.holder).await {
         Ok(true) => format!(
-            "Released <code>{}</code> (fence {}); its waiters were woken.",
+            "Released <code>{}</code> (holding <code>{}</code>); its waiters were woken.",
             esc(&key),
-            f.fence
+            esc(&f.holder)
         ),
         Ok(false) => format!(
-            "<code>{}</code> was not released: it is no longer held with fence {}.",
+            "<code>{}</code> was not released: the holding <code>{}</code> is gone.",
             esc(&key),
-            f.fence
+            esc(&f.holder)
         ),
         Err(e) => return app.failed(&format!("releasing `{key}`"), &e),
     };

@@ -55,7 +55,10 @@ fn json(out: &str) -> serde_json::Value {
 /// waiter of `other` long before the holder's 30 s ttl.
 async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, other: LockRuntime) {
     let a = hold(holder, "job-a").await;
-    let _b = hold(holder, "job-b").await;
+    // Asked before listing: a store that fences on demand (Redis) shows a fence only once
+    // its holder asked; job-b's holder never asks.
+    let a_fence = a.lease().fence().await.expect("a fence");
+    let b = hold(holder, "job-b").await;
     let _c = hold(holder, "report").await;
     let with = |rest: &[&str]| -> Vec<String> {
         store.iter().chain(rest).map(|s| s.to_string()).collect()
@@ -81,8 +84,16 @@ async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, ot
         .filter_map(|r| r["key"].as_str())
         .collect();
     assert_eq!(keys, ["job-a", "job-b"], "{out}");
-    assert_eq!(rows[0]["fence"], a.lease().fence());
+    assert_eq!(rows[0]["fence"], a_fence);
+    // What the holder knows without asking is what the store has: a fence issued at
+    // acquire (PostgreSQL, etcd) or none yet (Redis).
+    assert_eq!(
+        rows[1]["fence"],
+        serde_json::to_value(b.lease().known_fence()).expect("json"),
+        "{out}"
+    );
     assert_eq!(rows[0]["owner"], holder.owner());
+    let first_holding = rows[0]["holder"].as_str().expect("a holder id").to_owned();
     assert!(
         rows[0]["ttl_ms"]
             .as_u64()
@@ -102,7 +113,7 @@ async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, ot
 
     let waiter = tokio::spawn(async move {
         let guard = other.lock("job-a").acquire().await.expect("acquire");
-        guard.lease().fence()
+        guard.lease().fence().await.expect("a fence")
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (code, _, err) = run(with(&["release", "job-a"])).await;
@@ -116,23 +127,65 @@ async fn lists_shows_and_force_releases(store: &[&str], holder: &LockRuntime, ot
         .await
         .expect("the waiter woke at the forced release")
         .expect("task");
-    assert!(fence > a.lease().fence());
-    let old = a.lease().fence().to_string();
+    assert!(fence > a.lease().fence().await.expect("a fence"));
+    let old = a.lease().fence().await.expect("a fence").to_string();
     assert!(
         !a.release().await.expect("release"),
         "the forced-out holder no longer owns it"
     );
     // Named by the fence `list` showed: a holder that came in since is left alone.
     // (The waiter's guard is released as its task ended; wait for that.)
-    let _now = holder
+    let now = holder
         .lock("job-a")
         .ttl(Duration::from_secs(30))
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("job-a again");
+    let now_fence = now.lease().fence().await.expect("a fence");
+    let held_now = format!("held with fence {now_fence}");
     let (code, out, err) = run(with(&["release", "job-a", "--force", "--fence", &old])).await;
     assert_eq!(code, 1, "{err}");
-    assert!(out.contains("held with fence"), "{out}");
+    assert!(out.contains(&held_now), "{out}");
+    // Named by the holder id: the first holding's id leaves the holder of now alone, its own
+    // id frees it.
+    let (code, out, err) = run(with(&[
+        "release",
+        "job-a",
+        "--force",
+        "--holder",
+        &first_holding,
+    ]))
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(out.contains(&held_now), "{out}");
+    let (code, out, err) = run(with(&["--json", "show", "job-a"])).await;
+    assert_eq!(code, 0, "{err}");
+    let now_holding = json(&out)[0]["holder"]
+        .as_str()
+        .expect("a holder id")
+        .to_owned();
+    assert_ne!(now_holding, first_holding, "{out}");
+    let (code, _, err) = run(with(&[
+        "release",
+        "job-a",
+        "--force",
+        "--fence",
+        &old,
+        "--holder",
+        &now_holding,
+    ]))
+    .await;
+    assert_eq!(code, 2, "--fence and --holder together are refused: {err}");
+    let (code, out, err) = run(with(&[
+        "release",
+        "job-a",
+        "--force",
+        "--holder",
+        &now_holding,
+    ]))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("released"), "{out}");
     let (code, out, _) = run(with(&["release", "job-a-never", "--force"])).await;
     assert_eq!(code, 1);
     assert!(out.contains("was not locked"), "{out}");
@@ -329,6 +382,11 @@ async fn postgres_through_the_same_options() {
 #[lock_runtime::scheduled(every = "1s", name = "cli-nightly")]
 #[lock_runtime::distributed_lock(key = "cli-nightly", ttl = "10s")]
 async fn nightly() -> Result<(), lock_runtime::LockError> {
+    // The body asks for its fence, so each run is journalled with it (a Redis lease has one
+    // only once asked).
+    if let Some(lease) = lock_runtime::current_lease() {
+        lease.fence().await?;
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
     Ok(())
 }
@@ -407,6 +465,7 @@ async fn history_and_jobs_show_who_ran_each_firing() {
     // The job's lock held now: `jobs` names its holder.
     let holder = instance("night-holder").await.expect("build");
     let held = hold(&holder, "cli-nightly").await;
+    let held_fence = held.lease().fence().await.expect("a fence");
     let (code, table, _) = lockctl(&["--redis", &url, "jobs"]).await;
     assert_eq!(code, 0);
     assert!(table.starts_with("JOB  "), "{table}");
@@ -414,7 +473,7 @@ async fn history_and_jobs_show_who_ran_each_firing() {
     assert!(
         row.starts_with("cli-nightly")
             && row.contains("every 1s")
-            && row.ends_with(&format!("night-holder (fence {})", held.lease().fence())),
+            && row.ends_with(&format!("night-holder (fence {held_fence})")),
         "{table}"
     );
     drop(held);

@@ -119,7 +119,8 @@ async fn browser(port: u16, profile: &std::path::Path) -> Client {
 /// Types `key` into the release page's confirmation and submits it; what the page then says.
 async fn confirm_release(c: &Client, key: &str) -> String {
     let field = c
-        .find(Locator::Id("confirm"))
+        .wait()
+        .for_element(Locator::Id("confirm"))
         .await
         .expect("the confirmation field");
     field.clear().await.expect("clearing it");
@@ -130,7 +131,10 @@ async fn confirm_release(c: &Client, key: &str) -> String {
         .click()
         .await
         .expect("submitting");
-    c.find(Locator::Id("outcome"))
+    // A click may return before the page it leads to has loaded: wait for it (fantoccini's
+    // wait looks every 250 ms, for up to 30 s); a loaded machine takes a while to navigate.
+    c.wait()
+        .for_element(Locator::Id("outcome"))
         .await
         .expect("the outcome")
         .text()
@@ -272,7 +276,11 @@ async fn the_job_page_agrees(c: &Client, page_url: &str, runs: &[Run]) {
         .click()
         .await
         .expect("following it");
-    let heading = c.find(Locator::Id("job")).await.expect("the job's heading");
+    let heading = c
+        .wait()
+        .for_element(Locator::Id("job"))
+        .await
+        .expect("the job's heading");
     assert_eq!(heading.text().await.expect("text"), "web-posting");
     assert!(
         c.current_url()
@@ -429,8 +437,38 @@ async fn the_page_shows_who_ran_each_firing_in_a_real_browser() {
             .expect("inspect")
             .is_none()
     );
+    // The lock taken again by the same owner; the confirmation drawn for the first holding,
+    // submitted again, leaves the new holding alone.
+    let again = holder
+        .lock("held-for-the-page")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .expect("the store answers")
+        .expect("free after the forced release");
+    c.back().await.expect("back to the confirmation");
+    let said = confirm_release(&c, "held-for-the-page").await;
+    assert!(said.contains("was not released"), "{said}");
+    assert!(!again.lease().is_lost());
+    let before = reader
+        .inspect("held-for-the-page")
+        .await
+        .expect("inspect")
+        .expect("the new holding stays");
+    let again_fence = again.lease().fence().await.expect("a fence");
+    let now = reader
+        .inspect("held-for-the-page")
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(now.fence, Some(again_fence));
+    assert_eq!(
+        now.holder, before.holder,
+        "one holding, before and after its fence"
+    );
     c.close().await.expect("closing the browser");
     drop(guard);
+    assert!(again.release().await.expect("release"));
 }
 
 /// The same run, `lockctl history` and page on PostgreSQL and on etcd.

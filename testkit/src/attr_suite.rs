@@ -17,6 +17,7 @@ pub use crate::sched_suite::{
     sched_catch_up_after_a_restart_runs_what_nobody_ran, sched_firing_while_running_is_skipped,
     sched_journal_forgets_runs_older_than_its_age, sched_journal_keeps_the_newest_runs,
     sched_skewed_instances_run_each_firing_once,
+    sched_stop_mid_run_lets_the_run_finish_and_frees_its_lock,
 };
 
 fn counter() -> Arc<AtomicU64> {
@@ -150,7 +151,10 @@ pub async fn attr_min_hold_outlives_the_call<H: Harness>(store: &H) {
         .await
         .expect("inspect")
         .expect("the record outlives the call");
-    let expires = info.held_for + info.remaining.expect("the record has an expiry");
+    let expires = info
+        .held_for
+        .expect("a min_hold record knows when it was taken")
+        + info.remaining.expect("the record has an expiry");
     let slack = Duration::from_millis(100) + store.clock_granularity();
     assert!(
         expires >= Duration::from_secs(30) - slack && expires <= Duration::from_secs(30) + slack,

@@ -12,7 +12,7 @@ use tokio::sync::{Barrier, Semaphore};
 #[distributed_lock(key = "skip:{tag}", ttl = "10s")]
 pub(crate) async fn skip_job(tag: &str, runs: Arc<AtomicU64>) -> Option<u64> {
     runs.fetch_add(1, Ordering::SeqCst);
-    Some(current_lease()?.fence())
+    Some(current_lease()?.fence().await.expect("a fence"))
 }
 
 /// The unit-returning flavour of the skip policy.

@@ -142,6 +142,7 @@ macro_rules! behaviour_suite {
             expired_holder_lets_waiter_in,
             inspect_shows_holder,
             list_and_force_release,
+            force_release_names_one_holding,
             shutdown_releases_everything,
             extend_and_max_hold,
             shutdown_ends_waiters,
@@ -191,6 +192,7 @@ macro_rules! attribute_suite {
             sched_catch_up_after_a_restart_runs_what_nobody_ran,
             sched_journal_keeps_the_newest_runs,
             sched_journal_forgets_runs_older_than_its_age,
+            sched_stop_mid_run_lets_the_run_finish_and_frees_its_lock,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -13,7 +13,7 @@ use crate::Harness;
 
 mod operator;
 mod safety;
-pub use operator::list_and_force_release;
+pub use operator::{force_release_names_one_holding, list_and_force_release};
 pub use safety::{
     free_now, lost_stays_lost, max_hold_is_a_hard_cap, renewals_never_shorten_an_extended_lease,
     shutdown_ends_waiters, shutdown_lets_running_jobs_finish, shutdown_releases_everything,
@@ -68,6 +68,8 @@ pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
         .try_acquire()
         .await
         .free();
+    // Asked while held: a store that computes fences on demand gives none to a lost lease.
+    let stale_fence = stale.lease().fence().await.expect("a fence");
     tokio::time::sleep(Duration::from_millis(600) + store.clock_granularity()).await;
     assert!(
         stale.lease().is_lost(),
@@ -80,7 +82,7 @@ pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
         .await
         .expect("acquire")
         .expect("the expired lock is free");
-    assert!(fresh.lease().fence() > stale.lease().fence());
+    assert!(fresh.lease().fence().await.expect("a fence") > stale_fence);
     assert!(
         !stale.release().await.expect("release"),
         "a stale release reports false"
@@ -91,7 +93,10 @@ pub async fn stale_guard_releases_nothing<H: Harness>(store: &H) {
         .expect("inspect")
         .expect("still held");
     assert_eq!(info.owner, b.owner(), "the new holder keeps the lock");
-    assert_eq!(info.fence, fresh.lease().fence());
+    assert_eq!(
+        info.fence,
+        Some(fresh.lease().fence().await.expect("a fence"))
+    );
     assert!(fresh.release().await.expect("release"));
 }
 
@@ -163,9 +168,8 @@ pub async fn fences_strictly_increase<H: Harness>(store: &H) {
                     .await
                     .expect("acquire");
                 // Recorded inside the critical section: list order is acquisition order.
-                seen.lock()
-                    .expect("not poisoned")
-                    .push(guard.lease().fence());
+                let fence = guard.lease().fence().await.expect("a fence");
+                seen.lock().expect("not poisoned").push(fence);
                 guard.release().await.expect("release");
             }
         }));
@@ -208,7 +212,10 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
         .await
         .expect("inspect")
         .expect("the record stays");
-    let expires = info.held_for + info.remaining.expect("the record has an expiry");
+    let expires = info
+        .held_for
+        .expect("a min_hold record knows when it was taken")
+        + info.remaining.expect("the record has an expiry");
     let slack = Duration::from_millis(100) + store.clock_granularity();
     assert!(
         expires >= Duration::from_secs(30) - slack && expires <= Duration::from_secs(30) + slack,
@@ -231,7 +238,10 @@ pub async fn min_hold_keeps_lock_after_release<H: Harness>(store: &H) {
             .await
             .expect("inspect")
             .expect("held");
-        if info.held_for >= Duration::from_millis(250) + store.clock_granularity() {
+        let held_for = info
+            .held_for
+            .expect("a min_hold record knows when it was taken");
+        if held_for >= Duration::from_millis(250) + store.clock_granularity() {
             break;
         }
         assert!(
@@ -435,13 +445,14 @@ pub async fn expired_holder_lets_waiter_in<H: Harness>(store: &H) {
         .try_acquire()
         .await
         .free();
+    let expired_fence = guard.lease().fence().await.expect("a fence");
     let got = b
         .lock("expiring")
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("the waiter gets the lock after the ttl");
     assert!(guard.lease().is_lost());
-    assert!(got.lease().fence() > guard.lease().fence());
+    assert!(got.lease().fence().await.expect("a fence") > expired_fence);
     drop(guard);
     got.release().await.expect("release");
 }
@@ -459,7 +470,12 @@ pub async fn inspect_shows_holder<H: Harness>(store: &H) {
     let info = a.inspect("shown").await.expect("inspect").expect("held");
     assert_eq!(info.key, "shown");
     assert_eq!(info.owner, a.owner());
-    assert_eq!(info.fence, guard.lease().fence());
+    // A store that fences on demand shows no fence before the holder asked for one; once
+    // asked, every store shows it.
+    let fence = guard.lease().fence().await.expect("a fence");
+    assert!(info.fence.is_none_or(|f| f == fence), "{info:?}");
+    let info = a.inspect("shown").await.expect("inspect").expect("held");
+    assert_eq!(info.fence, Some(fence));
     let remaining = info.remaining.expect("a lease has an expiry");
     assert!(remaining <= Duration::from_secs(20) && remaining > Duration::from_secs(10));
     guard.release().await.expect("release");

@@ -8,6 +8,7 @@ pub mod exclusion;
 pub mod fenced;
 pub mod fleet;
 pub mod logs;
+pub mod on_demand;
 pub mod postgres;
 pub mod proxy;
 pub mod rng;
@@ -20,7 +21,8 @@ pub mod with_server;
 
 pub use etcd::EtcdCluster;
 pub use lock_testkit::Free;
-pub use logs::LogCapture;
+pub use logs::{LogCapture, RecordedSpan, SpanRecorder};
+pub use on_demand::OnDemandFences;
 pub use postgres::PostgresServer;
 pub use proxy::FaultProxy;
 pub use runtimes::{Built, TakeFree, acquire_in_task, builder_for, proxied_redis, redis_runtime};

@@ -759,17 +759,21 @@ impl SentinelSet {
             .unwrap_or_else(|| panic!("no server of the set is on port {port}"))
     }
 
+    /// How many replicas every sentinel would promote: the fewest, over the sentinels, of
+    /// replicas whose flags are just `slave` and whose link to the master is `ok` by their
+    /// `INFO` as the sentinel last read it (a sentinel marks a replica's link down until it
+    /// has read that `INFO`; `SENTINEL FAILOVER` refuses such a replica with `NOGOODSLAVE`).
     fn replica_count_seen(&self) -> usize {
         self.sentinels
             .iter()
             .filter_map(|s| {
                 let mut conn = s.client().get_connection().ok()?;
-                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
                     .arg("replicas")
                     .arg(&self.master_name)
                     .query(&mut conn)
                     .ok()?;
-                Some(replicas.len())
+                Some(replicas.iter().filter(|r| promotable(r)).count())
             })
             .min()
             .unwrap_or(0)
@@ -812,6 +816,7 @@ impl SentinelSet {
             .client()
             .get_connection()
             .expect("connect");
+        self.wait_for(Duration::from_secs(20), |set| set.replica_count_seen() >= 1);
         let _: () = redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(&self.master_name)
@@ -821,6 +826,24 @@ impl SentinelSet {
             set.master_port().is_some() && set.master_port() != before
         });
     }
+}
+
+/// True when a `SENTINEL replicas` entry (field, value, field, value, ...) describes a replica
+/// a sentinel would promote now while the master is up (its `INFO` read in the last 30 s,
+/// the sentinels' own limit then).
+fn promotable(entry: &[String]) -> bool {
+    let field = |name: &str| {
+        entry
+            .chunks(2)
+            .find(|pair| pair[0] == name)
+            .and_then(|pair| pair.get(1))
+            .map(String::as_str)
+    };
+    field("flags") == Some("slave")
+        && field("master-link-status") == Some("ok")
+        && field("info-refresh")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .is_some_and(|ms| ms < 30_000)
 }
 
 /// Sends `signal` (e.g. "-STOP", "-CONT") to a running server's process.

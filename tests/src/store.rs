@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore, RedisStore, RedlockStore};
 
-use crate::{EtcdCluster, PostgresServer, RedisCluster, RedisServer, SentinelSet};
+use crate::{EtcdCluster, OnDemandFences, PostgresServer, RedisCluster, RedisServer, SentinelSet};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -15,6 +15,8 @@ pub enum TestStore {
     /// One memory store plugged in through the public `LockStore` trait
     /// (`.store(..)`), as a third-party store would be.
     Plugged(MemoryStore),
+    /// A memory store that gives fences only on demand (`AcquiredUnfenced`).
+    OnDemand(OnDemandFences),
     /// Three memory stores as the members of one Redlock quorum (`RedlockStore::over(..)`).
     RedlockMemory(Vec<MemoryStore>),
     /// A redis-server started for the test.
@@ -42,6 +44,11 @@ impl TestStore {
     /// A fresh memory store, plugged in through the public `LockStore` trait.
     pub fn plugged() -> Self {
         TestStore::Plugged(MemoryStore::new())
+    }
+
+    /// A fresh memory store that gives fences only on demand.
+    pub fn on_demand() -> Self {
+        TestStore::OnDemand(OnDemandFences::default())
     }
 
     /// Three fresh memory stores, locked by Redlock quorum.
@@ -91,6 +98,7 @@ impl TestStore {
         let builder = match self {
             TestStore::Memory(store) => builder.memory(store.clone()),
             TestStore::Plugged(store) => builder.store(store.clone()),
+            TestStore::OnDemand(store) => builder.store(store.clone()),
             TestStore::RedlockMemory(stores) => {
                 builder.store(RedlockStore::over(stores.iter().cloned()))
             }
@@ -111,6 +119,7 @@ impl TestStore {
     pub async fn delete_record(&self, key: &str) {
         match self {
             TestStore::Memory(store) | TestStore::Plugged(store) => store.clear(),
+            TestStore::OnDemand(store) => store.store.clear(),
             TestStore::RedlockMemory(stores) => stores.iter().for_each(MemoryStore::clear),
             TestStore::Redis(_)
             | TestStore::Redlock(_)

@@ -17,6 +17,8 @@ async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
     let (_server, proxy, holder, other) = proxied_redis(Duration::from_millis(500)).await;
     let ttl = Duration::from_millis(1200);
     let guard = holder.take("stalled", ttl).await;
+    // Asked while held: a lease that is lost can no longer obtain a fence.
+    let held_fence = guard.lease().fence().await.expect("a fence while held");
     // Let one renewal through, then stall.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stalled_at = Instant::now();
@@ -46,7 +48,7 @@ async fn stall_longer_than_ttl_is_reported_by_the_end_of_validity() {
         holder_knew,
         "another instance got the lock while the holder still considered it valid"
     );
-    assert!(taken.lease().fence() > guard.lease().fence());
+    assert!(taken.lease().fence().await.expect("a fence") > held_fence);
     proxy.resume();
     assert!(
         !guard.release().await.expect("release after resume"),
@@ -80,6 +82,8 @@ async fn dropped_connections_reconnect_and_nothing_hangs() {
     let proxy = FaultProxy::start(server.port());
     let runtime = redis_runtime(proxy.url(), Duration::from_millis(800)).await;
     let guard = runtime.take("dropped", Duration::from_secs(5)).await;
+    // Asked now, so the record carries it (the Redis store fences on demand).
+    let fence = guard.lease().fence().await.expect("a fence");
 
     // An operation in flight during a stall fails within the command timeout.
     proxy.stall();
@@ -104,7 +108,7 @@ async fn dropped_connections_reconnect_and_nothing_hangs() {
     loop {
         match tokio::time::timeout(Duration::from_secs(3), runtime.inspect("dropped")).await {
             Ok(Ok(Some(info))) => {
-                assert_eq!(info.fence, guard.lease().fence());
+                assert_eq!(info.fence, Some(fence));
                 break;
             }
             other => {
@@ -159,7 +163,14 @@ async fn foreign_values_at_lock_keys_are_left_alone() {
     let mut conn = server.conn().await;
     let _: () = lock_tests::query(&mut conn, ("SET", "lock:{plain}", "someone else's")).await;
     let _: () = lock_tests::query(&mut conn, ("RPUSH", "lock:{listy}", "x")).await;
-    for (key, kind) in [("plain", "string"), ("listy", "list")] {
+    // Five words, like a lock record, but "session" is no start time.
+    let lookalike = "user 7 session 3600 alice";
+    let _: () = lock_tests::query(&mut conn, ("SET", "lock:{lookalike}", lookalike)).await;
+    for (key, kind) in [
+        ("plain", "string"),
+        ("listy", "list"),
+        ("lookalike", "string"),
+    ] {
         let err = runtime
             .lock(key)
             .try_acquire()
@@ -173,7 +184,25 @@ async fn foreign_values_at_lock_keys_are_left_alone() {
         );
         let err = runtime.inspect(key).await.expect_err("a foreign value");
         assert!(err.to_string().contains(kind), "{err}");
+        // Nor does a `once` request wait on it, or an operator's forced release remove it.
+        let err = runtime
+            .lock(key)
+            .once(Duration::from_secs(60))
+            .try_acquire()
+            .await
+            .expect_err("a foreign value");
+        assert!(err.to_string().contains(kind), "{err}");
+        assert!(runtime.force_release(key).await.is_err(), "{key}");
     }
+    assert!(
+        !runtime
+            .force_release_fence("lookalike", 7)
+            .await
+            .unwrap_or(false),
+        "a forced release by the lookalike's second word"
+    );
+    let value: String = lock_tests::query(&mut conn, ("GET", "lock:{lookalike}")).await;
+    assert_eq!(value, lookalike, "nothing removed");
     let value: String = lock_tests::query(&mut conn, ("GET", "lock:{plain}")).await;
     assert_eq!(value, "someone else's", "nothing overwritten");
     let len: i64 = lock_tests::query(&mut conn, ("LLEN", "lock:{listy}")).await;
@@ -207,9 +236,9 @@ async fn out_of_memory_fails_cleanly() {
     let guard = runtime.take_default_ttl("oom").await;
     // A key without a counter starts its fences at the server clock (hybrid fence).
     assert!(
-        guard.lease().fence() >= secs * 1_000_000 + micros,
+        guard.lease().fence().await.expect("a fence") >= secs * 1_000_000 + micros,
         "fence {} below the server clock",
-        guard.lease().fence()
+        guard.lease().fence().await.expect("a fence")
     );
     guard.release().await.expect("release");
 }

@@ -40,7 +40,9 @@ async fn failover_of_the_slot_owner_keeps_or_reports_the_lease() {
             Ok(Some(other)) => {
                 b_held += 1;
                 assert!(
-                    guard.lease().is_lost() || other.lease().fence() > guard.lease().fence(),
+                    guard.lease().is_lost()
+                        || other.lease().fence().await.expect("a fence")
+                            > guard.lease().fence().await.expect("a fence"),
                     "two holders at once and the fence does not tell them apart"
                 );
                 other.release().await.ok();
@@ -88,7 +90,10 @@ async fn releases_are_published_sharded_where_the_servers_have_it() {
         b.lock("announced")
             .acquire_timeout(Duration::from_secs(10))
             .await
-            .map(|g| g.lease().fence())
+            .expect("the waiter got the lock")
+            .lease()
+            .fence()
+            .await
     });
     // The waiter is subscribed once it asked and was refused; give it that moment.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -37,8 +37,8 @@ async fn contend(
                 holder.is_lost(),
                 "a second holder got `{key}` (fence {}) while the first (fence {}) still \
                  believed it held it",
-                guard.lease().fence(),
-                holder.fence()
+                guard.lease().fence().await.expect("a fence"),
+                holder.fence().await.expect("a fence")
             );
             got += 1;
             let _ = guard.release().await;
@@ -55,7 +55,7 @@ async fn the_leader_killed_mid_lease_never_makes_two_holders() {
     let b = runtime(&cluster, "contender").await;
     let guard = a.take("leader-kill", Duration::from_secs(3)).await;
     let lease = guard.lease().clone();
-    let fence = lease.fence();
+    let fence = lease.fence().await.expect("a fence");
     let leader = cluster.leader().await;
     cluster.kill(leader);
     // Through the election and after it: the holder keeps renewing through the surviving
@@ -65,7 +65,7 @@ async fn the_leader_killed_mid_lease_never_makes_two_holders() {
         eprintln!("the holder was told it lost the lease; the contender got it {got} times");
     } else {
         assert_eq!(got, 0, "the lock was taken from a live holder");
-        assert_eq!(lease.fence(), fence);
+        assert_eq!(lease.fence().await.expect("a fence"), fence);
         assert!(
             guard.release().await.expect("release"),
             "still the holder's after the failover"
@@ -77,7 +77,10 @@ async fn the_leader_killed_mid_lease_never_makes_two_holders() {
         .acquire_timeout(Duration::from_secs(10))
         .await
         .expect("free again");
-    assert!(next.lease().fence() > fence, "fences go on increasing");
+    assert!(
+        next.lease().fence().await.expect("a fence") > fence,
+        "fences go on increasing"
+    );
     next.release().await.expect("release");
     a.shutdown().await;
     b.shutdown().await;
@@ -90,7 +93,7 @@ async fn every_member_restarted_keeps_fences_increasing_and_one_holder() {
     let b = runtime(&cluster, "contender").await;
     let guard = a.take("restart-all", Duration::from_secs(3)).await;
     let lease = guard.lease().clone();
-    let fence = lease.fence();
+    let fence = lease.fence().await.expect("a fence");
     cluster.restart_all();
     let got = contend(&b, "restart-all", Duration::from_secs(6), &lease).await;
     if lease.is_lost() {
@@ -108,9 +111,9 @@ async fn every_member_restarted_keeps_fences_increasing_and_one_holder() {
         .await
         .expect("free again");
     assert!(
-        next.lease().fence() > fence,
+        next.lease().fence().await.expect("a fence") > fence,
         "a restart does not reset revisions: {} after {fence}",
-        next.lease().fence()
+        next.lease().fence().await.expect("a fence")
     );
     next.release().await.expect("release");
     a.shutdown().await;

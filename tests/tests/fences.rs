@@ -21,14 +21,14 @@ use lock_tests::{RedisServer, TestStore, redis_runtime};
 async fn fence_survives_a_lost_counter(store: TestStore) {
     let runtime = store.runtime().await;
     let first = runtime.take_default_ttl("counter-lost").await;
-    let fence = first.lease().fence();
+    let fence = first.lease().fence().await.expect("a fence");
     assert!(first.release().await.expect("release"));
     store.redis_del("lock:{counter-lost}:fence").await;
     let second = runtime.take_default_ttl("counter-lost").await;
     assert!(
-        second.lease().fence() > fence,
+        second.lease().fence().await.expect("a fence") > fence,
         "fence {} after the counter was lost, {fence} before",
-        second.lease().fence()
+        second.lease().fence().await.expect("a fence")
     );
     assert!(second.release().await.expect("release"));
 }
@@ -67,7 +67,7 @@ async fn redlock_fences_go_on_when_a_minority_loses_its_counters() {
     let mut conn = servers[0].conn().await;
     let _: () = lock_tests::query(&mut conn, ("SET", "lock:{lifted}:fence", ahead)).await;
     let first = runtime.take_default_ttl("lifted").await;
-    let fence = first.lease().fence();
+    let fence = first.lease().fence().await.expect("a fence");
     assert!(
         fence > ahead,
         "fence {fence} below the counter {ahead} of a granting master"
@@ -78,9 +78,9 @@ async fn redlock_fences_go_on_when_a_minority_loses_its_counters() {
     }
     let second = runtime.take_default_ttl("lifted").await;
     assert!(
-        second.lease().fence() > fence,
+        second.lease().fence().await.expect("a fence") > fence,
         "fence {} after two of five masters lost their counters, {fence} before",
-        second.lease().fence()
+        second.lease().fence().await.expect("a fence")
     );
     assert!(second.release().await.expect("release"));
 }
@@ -98,7 +98,11 @@ async fn a_counter_ahead_of_the_clock_goes_on_from_the_counter() {
     let _: () = lock_tests::query(&mut conn, ("SET", "lock:{clock-behind}:fence", ahead)).await;
     for step in 1..=2u64 {
         let guard = runtime.take_default_ttl("clock-behind").await;
-        assert_eq!(guard.lease().fence(), ahead + step, "acquire {step}");
+        assert_eq!(
+            guard.lease().fence().await.expect("a fence"),
+            ahead + step,
+            "acquire {step}"
+        );
         guard.release().await.expect("release");
     }
     let pttl: i64 = lock_tests::query(&mut conn, ("PTTL", "lock:{clock-behind}:fence")).await;
@@ -149,14 +153,14 @@ async fn a_fence_survives_a_cleared_memory_store() {
     let store = MemoryStore::new();
     let runtime = LockRuntime::builder().memory(store.clone()).built().await;
     let first = runtime.take_default_ttl("cleared").await;
-    let fence = first.lease().fence();
+    let fence = first.lease().fence().await.expect("a fence");
     first.release().await.expect("release");
     store.clear();
     let second = runtime.take_default_ttl("cleared").await;
     assert!(
-        second.lease().fence() > fence,
+        second.lease().fence().await.expect("a fence") > fence,
         "fence {} after the store lost its counters, {fence} before",
-        second.lease().fence()
+        second.lease().fence().await.expect("a fence")
     );
     second.release().await.expect("release");
 }

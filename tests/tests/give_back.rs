@@ -185,3 +185,72 @@ async fn a_failed_redlock_quorum_gives_back_late_grants() {
     )
     .await;
 }
+
+/// The acquire script, as the store sends it for `once` requests.
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../lock-runtime/src/store/redis/lua/record.lua"),
+    include_str!("../../lock-runtime/src/store/redis/lua/acquire.lua")
+);
+
+// Review of 2026-12-03, finding 2: a `once` acquire whose reply was lost, sent again by the
+// connection after another holder's successful release wrote the done marker, answered "done"
+// and left its own grant in place, held by nobody for its ttl (the runtime disarms its give-back
+// on "done"). Now the resent call removes its own grant before answering "done", and announces
+// it as a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_once_acquire_sent_again_after_the_done_marker_gives_its_own_grant_back() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let send = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(ACQUIRE_LUA)
+            .arg(3)
+            .arg(&[
+                "lock:{once-resent}",
+                "lock:{once-resent}:fence",
+                "lock:{once-resent}:done",
+            ])
+            .arg(&[
+                "0123456789abcdef0123456789abcdef",
+                "resender",
+                "30000",
+                "0",
+                "1",
+                "86400000",
+                "lock:{once-resent}:released",
+                "0",
+            ]);
+        let mut conn = conn.clone();
+        async move {
+            let reply: Vec<i64> = eval.query_async(&mut conn).await.expect("acquire script");
+            reply
+        }
+    };
+    let first = send(&mut conn).await;
+    assert_eq!(first.first(), Some(&1), "granted: {first:?}");
+    // A waiter of another runtime, told the grant's whole 30 s.
+    let waiter = lock_tests::redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .lock("once-resent")
+            .acquire_timeout(Duration::from_secs(20))
+            .await
+            .expect("the waiter gets the lock");
+        guard.release().await.expect("release");
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The previous holder's release, meanwhile: the work is done.
+    let _: () = lock_tests::query(
+        &mut conn,
+        ("SET", "lock:{once-resent}:done", 1, "PX", 60_000),
+    )
+    .await;
+    let again = send(&mut conn).await;
+    assert_eq!(again.first(), Some(&2), "done: {again:?}");
+    let left: i64 = lock_tests::query(&mut conn, ("EXISTS", "lock:{once-resent}")).await;
+    assert_eq!(left, 0, "the grant of the first send is held by nobody");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the removal was announced: the waiter woke long before the grant's 30 s")
+        .expect("waiter task");
+}

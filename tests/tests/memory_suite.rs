@@ -9,6 +9,11 @@ mod through_the_store_trait {
     lock_testkit::attribute_suite!(lock_tests::TestStore::plugged());
 }
 
+mod fenced_on_demand {
+    lock_testkit::behaviour_suite!(lock_tests::TestStore::on_demand());
+    lock_testkit::attribute_suite!(lock_tests::TestStore::on_demand());
+}
+
 mod as_a_redlock_quorum {
     lock_testkit::behaviour_suite!(lock_tests::TestStore::redlock_memory());
     lock_testkit::attribute_suite!(lock_tests::TestStore::redlock_memory());
@@ -225,7 +230,7 @@ mod quorum_members {
         assert!(
             members[1]
                 .0
-                .force_release(&names, record.fence)
+                .force_release_holder(&names, &record.holder)
                 .await
                 .expect("force")
         );
@@ -238,7 +243,7 @@ mod quorum_members {
         assert!(
             members[2]
                 .0
-                .force_release(&names, record.fence)
+                .force_release_holder(&names, &record.holder)
                 .await
                 .expect("force")
         );

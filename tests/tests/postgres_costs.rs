@@ -218,7 +218,10 @@ async fn a_takeover_in_place_keeps_the_waiters_wake_up() {
         w.lock("job")
             .acquire_timeout(Duration::from_secs(20))
             .await
-            .map(|g| g.lease().fence())
+            .expect("the waiter got the lock")
+            .lease()
+            .fence()
+            .await
     });
     // Until the waiter has been refused (and sleeps until about the holder's 60 s).
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -241,7 +241,7 @@ async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_
         .await
         .expect("acquire");
     let first = first.expect("free");
-    let fence_before = first.lease().fence();
+    let fence_before = first.lease().fence().await.expect("a fence");
 
     // A waiter is parked when the server goes away.
     let waiter = lock_tests::acquire_in_task(b.clone(), "ledger", Duration::from_secs(40));
@@ -276,9 +276,9 @@ async fn a_restart_mid_lease_keeps_the_lease_or_reports_it_lost_and_fences_keep_
         "the waiter woke {woke:?} after the release: the listener did not come back"
     );
     assert!(
-        second.lease().fence() > fence_before,
+        second.lease().fence().await.expect("a fence") > fence_before,
         "fence after the restart {} <= before {fence_before}",
-        second.lease().fence()
+        second.lease().fence().await.expect("a fence")
     );
     drop(server);
 }

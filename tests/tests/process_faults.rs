@@ -79,7 +79,7 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
         .expect("free again once the killed holder's ttl ran out");
     let waited = killed.elapsed();
     assert!(waited <= ttl + Duration::from_secs(3), "took {waited:?}");
-    assert!(guard.lease().fence() >= 2);
+    assert!(guard.lease().fence().await.expect("a fence") >= 2);
     guard.release().await.expect("release");
 }
 
@@ -99,11 +99,11 @@ async fn script_flush_is_transparent() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!held.lease().is_lost(), "renewals survived the flush");
     let _: () = lock_tests::query(&mut conn, ("SCRIPT", "FLUSH")).await;
-    let first_fence = held.lease().fence();
+    let first_fence = held.lease().fence().await.expect("a fence");
     assert!(held.release().await.expect("release after a flush"));
     let _: () = lock_tests::query(&mut conn, ("SCRIPT", "FLUSH")).await;
     let again = runtime.take_default_ttl("flushed").await;
-    assert!(again.lease().fence() > first_fence);
+    assert!(again.lease().fence().await.expect("a fence") > first_fence);
     again.release().await.expect("release");
 }
 
@@ -224,12 +224,17 @@ async fn paused_holder_is_fenced_off() {
         .acquire_timeout(Duration::from_secs(5))
         .await
         .expect("the paused holder's lease expired");
-    assert!(guard.lease().fence() > old_fence);
+    assert!(guard.lease().fence().await.expect("a fence") > old_fence);
     let mut conn = server.conn().await;
     assert!(
-        lock_tests::fenced::fenced_write(&mut conn, "ledger", guard.lease().fence(), "new holder")
-            .await
-            .expect("write"),
+        lock_tests::fenced::fenced_write(
+            &mut conn,
+            "ledger",
+            guard.lease().fence().await.expect("a fence"),
+            "new holder"
+        )
+        .await
+        .expect("write"),
         "the new holder's write is accepted"
     );
 

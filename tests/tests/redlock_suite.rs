@@ -88,10 +88,10 @@ async fn restarted_empty_master_does_not_admit_a_second_holder() {
     // Renewals keep the lease through the restarts (quorum of renewals).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!guard.lease().is_lost());
-    let first_fence = guard.lease().fence();
+    let first_fence = guard.lease().fence().await.expect("a fence");
     assert!(guard.release().await.expect("release"));
     let next = b.take_default_ttl("restart").await;
-    assert!(next.lease().fence() > first_fence);
+    assert!(next.lease().fence().await.expect("a fence") > first_fence);
 }
 
 /// A waiter rides out a moment when no master answers at all (every master stopped with
@@ -132,7 +132,7 @@ async fn a_waiter_rides_out_every_master_stalling() {
     assert!(guard.release().await.expect("release after the stall"));
     let (got, _waiter) = waiting.await.expect("the waiter's task");
     let got = got.expect("the waiter gets the lock after the release");
-    assert!(got.lease().fence() > 0);
+    assert!(got.lease().fence().await.expect("a fence") > 0);
 }
 
 /// Once nobody waits for a lock any more, no master keeps a subscription to its channel: a

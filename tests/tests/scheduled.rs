@@ -675,3 +675,93 @@ async fn a_local_jobs_locked_calls_run_on_every_instance() {
     .await;
     assert_eq!(LOCAL_INNER.load(Ordering::SeqCst), 6);
 }
+
+#[scheduled(every = "1s")]
+#[distributed_lock(key = "queued", ttl = "10s", on_contention = "wait")]
+async fn queued() {
+    seen("queued");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Each firing on each instance leaves one `firing` span with the job, the firing's instant,
+/// the instance and the outcome as fields: one `ok` per firing, `skipped_done` on the other
+/// instances, each with the event that says so. A job that waits on contention, returning
+/// `()`, skips another instance's firing without logging a lock error.
+#[tokio::test(start_paused = true)]
+async fn each_firing_leaves_a_span_naming_job_instant_instance_and_outcome() {
+    let recorder = lock_tests::SpanRecorder::new("firing");
+    let _installed = recorder.install();
+    let starts = [
+        at(NOON),
+        at(NOON) + Duration::from_millis(400),
+        at(NOON) - Duration::from_millis(700),
+    ];
+    run_fleet(
+        "queued",
+        instances(3).await,
+        &starts,
+        Duration::from_millis(10_500),
+    )
+    .await;
+    let spans = recorder.spans();
+    // firing instant -> (instance, outcome, events) of each span.
+    let mut by_firing: BTreeMap<u64, Vec<(String, String, Vec<String>)>> = BTreeMap::new();
+    for span in &spans {
+        let field = |name: &str| {
+            span.fields
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| panic!("a firing span without `{name}`: {span:?}"))
+        };
+        assert_eq!(field("job"), "queued", "{span:?}");
+        let at_ms: u64 = field("scheduled_at_ms").parse().expect("a number");
+        by_firing.entry(at_ms).or_default().push((
+            field("instance"),
+            field("outcome"),
+            span.events.clone(),
+        ));
+    }
+    // The firings every clock passed: NOON+1 s (the latest clock starts at NOON+0.4 s) to
+    // NOON+9 s (the earliest stops at NOON+9.8 s).
+    for s in NOON + 1..=NOON + 9 {
+        let spans = by_firing
+            .get(&(s * 1000))
+            .unwrap_or_else(|| panic!("no span for the firing at {s}: {by_firing:?}"));
+        let mut instances: Vec<&str> = spans.iter().map(|(i, ..)| i.as_str()).collect();
+        instances.sort_unstable();
+        assert_eq!(
+            instances,
+            ["instance-0", "instance-1", "instance-2"],
+            "one span per instance for {s}: {spans:?}"
+        );
+        let ok: Vec<_> = spans.iter().filter(|(_, o, _)| o == "ok").collect();
+        assert_eq!(ok.len(), 1, "one run of the firing at {s}: {spans:?}");
+        assert_eq!(ok[0].2, ["ran"], "{spans:?}");
+        for (instance, outcome, events) in spans.iter().filter(|(_, o, _)| o != "ok") {
+            assert_eq!(outcome, "skipped_done", "{instance} at {s}: {spans:?}");
+            assert_eq!(
+                events,
+                &["skipped: another instance has run this firing"],
+                "{instance} at {s}"
+            );
+        }
+    }
+    let runs = seen_by("queued");
+    assert_eq!(
+        runs.len(),
+        by_firing
+            .values()
+            .map(|spans| spans.iter().filter(|(_, o, _)| o == "ok").count())
+            .sum::<usize>(),
+        "every run has its ok span"
+    );
+    let lock_errors: Vec<String> = recorder
+        .messages()
+        .into_iter()
+        .filter(|m| m.contains("locked call did not complete"))
+        .collect();
+    assert!(
+        lock_errors.is_empty(),
+        "the instances that skipped logged a lock error: {lock_errors:?}"
+    );
+}

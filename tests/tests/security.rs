@@ -12,7 +12,7 @@ use lock_tests::RedisServer;
 /// The minimal ACL rule for a lock user of namespace `lock`, as documented in docs/security.md.
 const LOCK_USER_ACL: &str = "on >s3cret-lock-pw ~lock:* resetchannels &lock:* -@all +ping +hello \
 +evalsha +eval +script|load +subscribe +unsubscribe +ssubscribe +sunsubscribe +wait \
-+pttl +type +exists +incr +time +hset +hget +hmget +pexpire +set +get +del +publish +spublish \
++pttl +type +exists +time +pexpire +set +get +del +publish +spublish \
 +xadd +xtrim +xrevrange +scan";
 
 #[distributed_lock(key = "acl-job", ttl = "1s", once = "1h")]

@@ -48,10 +48,10 @@ async fn redlock_over_tls() {
         .built()
         .await;
     let first = runtime.take_default_ttl("tls-quorum").await;
-    let first_fence = first.lease().fence();
+    let first_fence = first.lease().fence().await.expect("a fence");
     assert!(first.release().await.expect("release"));
     let second = runtime.take_default_ttl("tls-quorum").await;
-    assert!(second.lease().fence() > first_fence);
+    assert!(second.lease().fence().await.expect("a fence") > first_fence);
     second.release().await.expect("release");
     let err = LockRuntime::builder()
         .redlock(urls)
@@ -114,7 +114,7 @@ async fn sentinel_over_tls() {
     certs::renews_and_wakes(&a, &b).await;
     // Through a failover: the new master is reached over TLS as well.
     let guard = a.take("tls-failover", Duration::from_secs(3)).await;
-    let before = guard.lease().fence();
+    let before = guard.lease().fence().await.expect("a fence");
     assert!(guard.release().await.expect("release"));
     let old_master = set.master_port();
     set.failover();
@@ -133,7 +133,10 @@ async fn sentinel_over_tls() {
             }
         }
     };
-    assert!(after.lease().fence() > before, "hybrid fences keep rising");
+    assert!(
+        after.lease().fence().await.expect("a fence") > before,
+        "hybrid fences keep rising"
+    );
     assert!(after.release().await.expect("release on the new master"));
     certs::refuses_other_roots(
         || LockRuntime::builder().redis_sentinel(&set.master_name, urls.clone()),

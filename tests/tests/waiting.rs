@@ -205,7 +205,10 @@ async fn a_redlock_waiter_rides_out_a_majority_outage() {
 
 #[distributed_lock(key = "held-by-guard", on_contention = "wait", wait_timeout = "300ms")]
 async fn waits_for_held_key() -> Result<u64, LockError> {
-    Ok(current_lease().map_or(0, |l| l.fence()))
+    match current_lease() {
+        Some(lease) => lease.fence().await,
+        None => Ok(0),
+    }
 }
 
 /// Collects what the runtime logs, for the assertions on warnings.
@@ -350,4 +353,54 @@ async fn waiters_wake_after_a_long_outage() {
         }
     })
     .await;
+}
+
+/// PUBLISH calls the server has executed so far, inside scripts too (INFO commandstats).
+async fn publishes(server: &RedisServer) -> u64 {
+    server
+        .command_stat("calls", |c| c == "publish")
+        .await
+        .expect("INFO commandstats")
+}
+
+/// A release publishes only while someone waits: with nobody waiting it costs no PUBLISH; a
+/// waiter raises the lock's waiters flag and is woken by the release, long before the
+/// holder's ttl would have let it retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_while_someone_waits() {
+    let server = RedisServer::start();
+    let holder = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let waiter = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let before = publishes(&server).await;
+    for _ in 0..20 {
+        let guard = holder.take("alone", Duration::from_secs(30)).await;
+        assert!(guard.release().await.expect("release"));
+    }
+    assert_eq!(
+        publishes(&server).await,
+        before,
+        "a release with nobody waiting published"
+    );
+    let guard = holder.take("awaited", Duration::from_secs(30)).await;
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let got = waiter
+            .lock("awaited")
+            .acquire_timeout(Duration::from_secs(20))
+            .await
+            .expect("the waiter gets the lock");
+        got.release().await.expect("release");
+        started.elapsed()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.release().await.expect("release"));
+    let waited = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was woken by the release, not by the 30 s ttl")
+        .expect("waiter task");
+    println!("woken {waited:?} after it began waiting (released at 500 ms)");
+    assert!(
+        publishes(&server).await > before,
+        "the release a waiter waited for was not published"
+    );
 }

@@ -85,13 +85,20 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         return;
     }
     let mut clock = firer.clock.clone();
-    let started_at = clock.now().checked_sub(first.held_for).unwrap_or(at);
+    let started_at = first
+        .held_for
+        .and_then(|held| clock.now().checked_sub(held))
+        .unwrap_or(at);
     let mut expires = Instant::now() + left;
+    // The holder's fence as the record shows it last: a store that fences on demand shows one
+    // only once the run asked for it.
+    let mut fence = first.fence;
     loop {
         tokio::time::sleep((left / 2).clamp(POLL_MIN, POLL_MAX)).await;
         match runtime.inspect(key).await {
-            Ok(Some(now)) if now.fence == first.fence => match now.remaining {
+            Ok(Some(now)) if now.holder == first.holder => match now.remaining {
                 Some(r) => {
+                    fence = now.fence.or(fence);
                     left = r;
                     expires = Instant::now() + r;
                 }
@@ -119,7 +126,7 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
         Ok(runs)
             if runs
                 .iter()
-                .all(|r| r.scheduled_at() != at && r.fence() != Some(first.fence)) => {}
+                .all(|r| r.scheduled_at() != at && fence.is_none_or(|f| r.fence() != Some(f))) => {}
         _ => return,
     }
     // One report, whichever of the watching instances gets here first.
@@ -140,14 +147,14 @@ async fn follow(firer: &Firer, at: std::time::SystemTime, key: &str) {
     tracing::warn!(
         job,
         holder = %first.owner,
-        fence = first.fence,
+        fence,
         "the run of a firing crashed: its holder's lease ran out unreleased and no run was journalled"
     );
     firer.writer.write(firer.run(
         at,
         first.owner,
         (started_at, clock.now()),
-        (Some(key.to_owned()), Some(first.fence)),
+        (Some(key.to_owned()), fence),
         RunOutcome::Crashed,
     ));
     if let Err(e) = report.complete().await {

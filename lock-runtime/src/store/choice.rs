@@ -281,6 +281,7 @@ impl StoreChoice {
                         connect_timeout,
                         command_timeout,
                         namespace,
+                        fence_at_acquire: false,
                     })
                     .await?,
                 )
@@ -300,6 +301,7 @@ impl StoreChoice {
                         connect_timeout,
                         command_timeout,
                         namespace,
+                        fence_at_acquire: false,
                     })
                     .await?,
                 )

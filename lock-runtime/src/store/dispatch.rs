@@ -34,6 +34,17 @@ pub(crate) trait DynStore: Send + Sync {
         pattern: &'a str,
     ) -> StoreFuture<'a, Vec<(String, RecordView)>>;
     fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool>;
+    fn force_release_holder<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        holder: &'a str,
+    ) -> StoreFuture<'a, bool>;
+    fn fence<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u64>>;
     fn raise_fence<'a>(
         &'a self,
         names: &'a KeyNames,
@@ -87,6 +98,21 @@ impl<S: LockStore> DynStore for S {
     }
     fn force_release<'a>(&'a self, names: &'a KeyNames, fence: u64) -> StoreFuture<'a, bool> {
         Box::pin(LockStore::force_release(self, names, fence))
+    }
+    fn force_release_holder<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        holder: &'a str,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(LockStore::force_release_holder(self, names, holder))
+    }
+    fn fence<'a>(
+        &'a self,
+        names: &'a KeyNames,
+        token: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u64>> {
+        Box::pin(LockStore::fence(self, names, token, ttl))
     }
     fn raise_fence<'a>(
         &'a self,
@@ -217,6 +243,17 @@ impl Backend {
         self.release(names, "", Some(retention)).await.map(|_| ())
     }
 
+    /// The fence of a lease acquired without one (see [`LockStore::fence`]).
+    pub(crate) async fn fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, LockError> {
+        let call = self.store.fence(names, token, ttl);
+        self.within("a fence request", self.bound, call).await
+    }
+
     /// Renews every item; one answer per item, in order. `Err` only when no item could be
     /// answered at all; otherwise a part of the store that failed (one Cluster shard) costs
     /// only its own items, which answer [`Renewal::Unknown`].
@@ -260,6 +297,16 @@ impl Backend {
         fence: u64,
     ) -> Result<bool, LockError> {
         let call = self.store.force_release(names, fence);
+        self.within("a forced release", self.bound, call).await
+    }
+
+    /// Removes the lock's record if it is the holding `holder` names, waking its waiters.
+    pub(crate) async fn force_release_holder(
+        &self,
+        names: &KeyNames,
+        holder: &str,
+    ) -> Result<bool, LockError> {
+        let call = self.store.force_release_holder(names, holder);
         self.within("a forced release", self.bound, call).await
     }
 

@@ -15,9 +15,9 @@ pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QuorumView {
-    /// Masters whose record is this one (same owner and fence).
+    /// Masters whose record is this one (same owner and holder id).
     pub agreeing: usize,
-    /// Masters holding another record for the same lock (another owner or fence): the masters
+    /// Masters holding another record for the same lock (another owner or holding): the masters
     /// disagree, typically after a failed acquire or a master that restarted empty.
     pub disagreeing: usize,
     /// Masters that did not answer.
@@ -158,10 +158,12 @@ pub(crate) fn combine_one(
     masters: usize,
 ) -> Option<RecordView> {
     let holding = views.len();
-    let mut tally: HashMap<(String, u64), (usize, RecordView)> = HashMap::new();
+    // One holding is one (owner, holder id): two records of one owner with different tokens
+    // are two holdings, and agree on nothing.
+    let mut tally: HashMap<(String, String), (usize, RecordView)> = HashMap::new();
     for view in views {
         tally
-            .entry((view.owner.clone(), view.fence))
+            .entry((view.owner.clone(), view.holder.clone()))
             .or_insert((0, view))
             .0 += 1;
     }
@@ -235,7 +237,7 @@ mod tests {
         assert_eq!(combined.len(), 2);
         let (key, a) = &combined[0];
         assert_eq!(key, "a");
-        assert_eq!((a.owner.as_str(), a.fence), ("x", 5));
+        assert_eq!((a.owner.as_str(), a.fence), ("x", Some(5)));
         let quorum = a.quorum.expect("a quorum view");
         assert_eq!(
             (
@@ -256,5 +258,18 @@ mod tests {
             masters: 5,
         };
         assert!(three.has_quorum());
+    }
+
+    #[test]
+    fn masters_agree_only_on_one_holding() {
+        // Three masters show one owner with no fence yet, but two holdings (a record left by
+        // an acquire that failed, then a new one): no two of the three agree on a holding
+        // with the third.
+        let unfenced = |holder: &str| view("x", 0).with_holder(holder);
+        let combined = combine_one(vec![unfenced("h1"), unfenced("h2"), unfenced("h2")], 0, 3)
+            .expect("a record");
+        assert_eq!(combined.holder, "h2");
+        let quorum = combined.quorum.expect("a quorum view");
+        assert_eq!((quorum.agreeing, quorum.disagreeing), (2, 1));
     }
 }

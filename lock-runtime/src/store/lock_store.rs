@@ -278,6 +278,51 @@ pub trait LockStore: Send + Sync + 'static {
         fence: u64,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// For operators: as [`force_release`](Self::force_release), conditional on the holding
+    /// instead, by the [`RecordView::holder`] id `inspect` or `list` showed. The default
+    /// accepts the ids [`RecordView::new`] derives from a fence and calls `force_release`
+    /// with that fence, and refuses any other id with a configuration error: a store that
+    /// sets its own ids with [`RecordView::with_holder`] implements this too.
+    fn force_release_holder(
+        &self,
+        names: &KeyNames,
+        holder: &str,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        let fence = super::types::holder_fence(holder).ok_or_else(|| {
+            LockError::config(format!(
+                "`{holder}` is no holder id this store gives (it names holders `f<fence>`)"
+            ))
+        });
+        async move { self.force_release(names, fence?).await }
+    }
+
+    /// The fence of a lease acquired as [`AcquireOutcome::AcquiredUnfenced`], computed now:
+    /// only if the record still carries `token` (then `Some`, greater than every fence this
+    /// lock had before, and every later holder's fence is greater than it), else `None` (the
+    /// lease is no longer this holder's; the runtime reports it lost). `ttl` is the lease's
+    /// length, for how long the store keeps what makes later fences greater. Asked again only
+    /// when an earlier call for the lease failed, timed out or was cancelled (so a repeat
+    /// must be harmless). The default refuses: a store that always answers
+    /// [`AcquireOutcome::Acquired`] never gets this call.
+    ///
+    /// Such a store's [`RecordView`] says `fence: None` for a holder that has not asked yet,
+    /// names its holders by ids of its own ([`RecordView::unfenced`],
+    /// [`RecordView::with_holder`]) and implements
+    /// [`force_release_holder`](Self::force_release_holder) for them.
+    fn fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, LockError>> + Send {
+        let _ = (names, token, ttl);
+        async {
+            Err(LockError::config(
+                "this store answered AcquiredUnfenced but does not implement LockStore::fence",
+            ))
+        }
+    }
+
     /// Only for a store that is one member of a quorum
     /// ([`LockRuntimeBuilder::redlock_stores`](crate::LockRuntimeBuilder::redlock_stores)):
     /// after a quorum granted the lock, the lease carries the largest fence among the quorum,

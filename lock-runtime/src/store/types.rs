@@ -66,6 +66,11 @@ pub enum AcquireOutcome {
         /// The new holder's fence: greater than every earlier fence of this lock.
         fence: u64,
     },
+    /// The lock is ours, and no fence was computed yet: the runtime asks
+    /// [`LockStore::fence`](crate::store::LockStore::fence) for one the first time the holder wants
+    /// it ([`Lease::fence`](crate::Lease::fence)). For a store whose fence costs more than the
+    /// acquire itself; a store that answers this must implement `LockStore::fence`.
+    AcquiredUnfenced,
     /// Someone else holds it.
     Held {
         /// It expires in this unless renewed (None: no expiry known).
@@ -136,12 +141,21 @@ pub struct ExtendItem {
 pub struct RecordView {
     /// The owner name the holder's runtime acquired with.
     pub owner: String,
-    /// The holder's fence.
-    pub fence: u64,
+    /// The holder's fence; None when none was issued to this holder (a store that fences
+    /// on demand, before the holder asked).
+    pub fence: Option<u64>,
+    /// An opaque id of this holding: the same on every read while one acquisition holds the
+    /// lock, another for the next acquisition (even by the same owner), and of no use for
+    /// acting as the holder. [`LockStore::force_release_holder`](crate::store::LockStore::force_release_holder)
+    /// takes it. [`RecordView::new`] derives it from the fence (`f<fence>`), which names one
+    /// holding already; a store whose holders may have no fence yet sets its own with
+    /// [`RecordView::with_holder`].
+    pub holder: String,
     /// How long until the record expires unless renewed (None: no expiry known).
     pub remaining: Option<Duration>,
-    /// How long since it was acquired, on the store's clock.
-    pub held_for: Duration,
+    /// How long since it was acquired, on the store's clock; None when the store does not
+    /// keep when a holding began.
+    pub held_for: Option<Duration>,
     /// Redlock: how the masters see this record (None for a store of one record per lock).
     pub quorum: Option<QuorumView>,
 }
@@ -157,12 +171,52 @@ impl RecordView {
     ) -> Self {
         RecordView {
             owner: owner.into(),
-            fence,
+            fence: Some(fence),
+            holder: fence_holder(fence),
+            remaining,
+            held_for: Some(held_for),
+            quorum: None,
+        }
+    }
+
+    /// A record held by `owner` as the holding `holder` (see [`RecordView::holder`]) with no
+    /// fence issued yet, expiring in `remaining` (None: no expiry known), acquired `held_for`
+    /// ago (None: not known).
+    pub fn unfenced(
+        owner: impl Into<String>,
+        holder: impl Into<String>,
+        remaining: Option<Duration>,
+        held_for: Option<Duration>,
+    ) -> Self {
+        RecordView {
+            owner: owner.into(),
+            fence: None,
+            holder: holder.into(),
             remaining,
             held_for,
             quorum: None,
         }
     }
+
+    /// The same record with `holder` as its holder id (see [`RecordView::holder`]).
+    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+}
+
+/// The holder id [`RecordView::new`] gives a holding with `fence`.
+pub(crate) fn fence_holder(fence: u64) -> String {
+    format!("f{fence}")
+}
+
+/// The fence a holder id of [`fence_holder`]'s form names; None for any other id.
+pub(crate) fn holder_fence(holder: &str) -> Option<u64> {
+    let digits = holder.strip_prefix('f')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// One acquire, as the runtime asks a [`LockStore`](super::LockStore) for it.
@@ -205,6 +259,29 @@ impl Retention {
         Retention {
             max_age: max_age.clamp(Duration::from_secs(1), Self::MAX_AGE),
             max_runs: max_runs.max(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_holder_ids_give_back_their_fence_and_nothing_else_does() {
+        assert_eq!(holder_fence(&fence_holder(42)), Some(42));
+        assert_eq!(holder_fence(&fence_holder(u64::MAX)), Some(u64::MAX));
+        for other in [
+            "42",
+            "f",
+            "f-1",
+            "f+1",
+            "f 1",
+            "f1x",
+            "g1",
+            "f18446744073709551616",
+        ] {
+            assert_eq!(holder_fence(other), None, "{other}");
         }
     }
 }

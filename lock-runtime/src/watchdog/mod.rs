@@ -263,7 +263,7 @@ impl Driver {
             let lease = entry.lease;
             // Marked as the shutdown's before its holder hears of it: the holder can tell.
             if lease.take_at_shutdown() {
-                tracing::warn!(key = %lease.names.key, fence = lease.fence, reason = "the runtime shut down and its grace period ended", "lock lost");
+                tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), reason = "the runtime shut down and its grace period ended", "lock lost");
             }
             // One try: the shutdown must end.
             self.spawn_release(ReleaseJob {
@@ -473,7 +473,7 @@ impl Driver {
                         continue;
                     }
                     entry.next_renew = Some(report.sent + renew_interval(lease.ttl));
-                    tracing::trace!(key = %lease.names.key, fence = lease.fence, "lease renewed");
+                    tracing::trace!(key = %lease.names.key, fence = ?lease.known_fence(), "lease renewed");
                 }
                 Renewal::NotOurs => {
                     self.entries.remove(&lease.id);
@@ -490,7 +490,7 @@ impl Driver {
                     let retry =
                         (lease.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                     entry.next_renew = Some(now + retry);
-                    tracing::warn!(key = %lease.names.key, fence = lease.fence, error = %e, "lease renewal failed; retrying");
+                    tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), error = %e, "lease renewal failed; retrying");
                 }
             }
             self.schedule(lease.id);
@@ -500,7 +500,7 @@ impl Driver {
 
 fn lose(lease: &LeaseState, why: &str) {
     if lease.mark_lost() {
-        tracing::warn!(key = %lease.names.key, fence = lease.fence, reason = why, "lock lost");
+        tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), reason = why, "lock lost");
     }
 }
 

@@ -21,7 +21,11 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
         async move { a.lock(key).ttl(ttl).try_acquire().await.free() }
     };
     let one = take("ops:one", Duration::from_secs(3)).await;
+    // Asked while held: a store that computes fences on demand gives none after the forced
+    // release.
+    let one_fence = one.lease().fence().await.expect("a fence");
     let two = take("ops:two", Duration::from_secs(20)).await;
+    let two_fence = two.lease().fence().await.expect("a fence");
     let other = take("other", Duration::from_secs(20)).await;
     let keys = |listed: &[LockInfo]| listed.iter().map(|l| l.key.clone()).collect::<Vec<_>>();
 
@@ -29,7 +33,7 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
     assert_eq!(keys(&listed), ["ops:one", "ops:two"]);
     let shown = &listed[1];
     assert_eq!(shown.owner, a.owner());
-    assert_eq!(shown.fence, two.lease().fence());
+    assert_eq!(shown.fence, Some(two_fence));
     let remaining = shown.remaining.expect("a lease has an expiry");
     assert!(remaining > Duration::from_secs(10) && remaining <= Duration::from_secs(20));
     assert!(shown.quorum.is_none_or(|q| q.has_quorum()), "{shown:?}");
@@ -67,18 +71,18 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
         "woken {:?} after the forced release",
         woke.duration_since(forced)
     );
-    assert!(taken.lease().fence() > one.lease().fence());
+    assert!(taken.lease().fence().await.expect("a fence") > one_fence);
     // The same forced release again (a retry, or a call arriving late) names the fence it was
     // meant for: the new holder keeps the lock.
     assert!(
-        !b.force_release_fence("ops:one", one.lease().fence())
+        !b.force_release_fence("ops:one", one_fence)
             .await
             .expect("force release with an old fence")
     );
     let still = b.inspect("ops:one").await.expect("inspect").expect("held");
     assert_eq!(
         still.fence,
-        taken.lease().fence(),
+        Some(taken.lease().fence().await.expect("a fence")),
         "the new holder was left alone"
     );
     // The old holder renews every second (ttl / 3) and finds the record gone or another's.
@@ -93,7 +97,10 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
     let listed = a.list("ops:*").await.expect("list");
     assert_eq!(keys(&listed), ["ops:one", "ops:two"]);
     assert_eq!(listed[0].owner, b.owner());
-    assert_eq!(listed[0].fence, taken.lease().fence());
+    assert_eq!(
+        listed[0].fence,
+        Some(taken.lease().fence().await.expect("a fence"))
+    );
 
     assert!(
         !a.force_release("free-key")
@@ -109,4 +116,68 @@ pub async fn list_and_force_release<H: Harness>(store: &H) {
     assert!(other.release().await.expect("release"));
     assert!(!one.release().await.expect("release of a lost lease"));
     assert!(a.list("*").await.expect("list").is_empty());
+}
+
+/// Every holding has its own holder id, the same on each read while it lasts: a forced
+/// release naming the id frees that holding and no later one, even a later one of the same
+/// owner; `force_release` reads the id and frees the holding it read.
+pub async fn force_release_names_one_holding<H: Harness>(store: &H) {
+    let (a, b) = two_runtimes(store).await;
+    let lock = || a.lock("ops:holding").ttl(Duration::from_secs(20));
+    let first = lock().try_acquire().await.free();
+    let seen = b
+        .inspect("ops:holding")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert!(!seen.holder.is_empty(), "{seen:?}");
+    let again = b
+        .inspect("ops:holding")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(again.holder, seen.holder, "one holding, one id");
+    let listed = b.list("ops:*").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].holder, seen.holder, "list and inspect agree");
+    assert!(first.release().await.expect("release"));
+
+    // The same owner takes the lock again: a new holding, with its own id.
+    let second = lock().try_acquire().await.free();
+    let now = b
+        .inspect("ops:holding")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_ne!(now.holder, seen.holder, "a new holding has a new id");
+    assert!(
+        !b.force_release_holder("ops:holding", &seen.holder)
+            .await
+            .expect("a forced release naming the first holding"),
+        "the first holding is gone: nothing is removed"
+    );
+    let kept = b
+        .inspect("ops:holding")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(kept.holder, now.holder, "the second holding was left alone");
+    assert!(
+        b.force_release_holder("ops:holding", &now.holder)
+            .await
+            .expect("a forced release naming the second holding")
+    );
+    assert!(b.inspect("ops:holding").await.expect("inspect").is_none());
+    assert!(
+        !second
+            .release()
+            .await
+            .expect("release of a forced-out lease")
+    );
+    // The same call again (retried, or late) finds nothing of that holding.
+    assert!(
+        !b.force_release_holder("ops:holding", &now.holder)
+            .await
+            .expect("the forced release again")
+    );
 }

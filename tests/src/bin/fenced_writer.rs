@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
         .ttl(Duration::from_millis(ttl_ms.parse()?))
         .acquire()
         .await?;
-    println!("acquired {}", guard.lease().fence());
+    println!("acquired {}", guard.lease().fence().await?);
     std::io::stdout().flush()?;
     let mut line = String::new();
     // Blocking read on purpose: this process is stopped with SIGSTOP while it waits here.
@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     let accepted = lock_tests::fenced::fenced_write(
         &mut conn,
         "ledger",
-        guard.lease().fence(),
+        guard.lease().fence().await.expect("a fence"),
         "paused holder",
     )
     .await?;

@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     let ttl = Duration::from_millis(ttl_ms.parse()?);
     let runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
     let guard = runtime.lock(key.as_str()).ttl(ttl).acquire().await?;
-    println!("acquired {}", guard.lease().fence());
+    println!("acquired {}", guard.lease().fence().await?);
     std::io::stdout().flush()?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let lease = guard.lease().clone();

@@ -45,9 +45,13 @@ async fn tick() -> Result<(), LockError> {
     Ok(())
 }
 
-/// Logs the run, then sleeps `SLEEP_MS`.
+/// Asks for its fence (as a run that writes to fenced storage does), logs the run, then
+/// sleeps `SLEEP_MS`.
 async fn crashy_run() -> Result<(), LockError> {
     let firing = current_firing().ok_or_else(|| LockError::Config("no firing".into()))?;
+    if let Some(lease) = lock_runtime::current_lease() {
+        lease.fence().await?;
+    }
     let owner = LockRuntime::current()?.owner().to_owned();
     log_line(&format!("run {} {owner}", unix_ms(firing.scheduled_at())))
         .map_err(|e| LockError::Config(format!("log: {e}")))?;

@@ -190,7 +190,14 @@ async fn work(
             }
         };
         let lease = guard.lease();
-        let (fence, token) = (lease.fence(), lease.token().to_owned());
+        // A lease lost before its first fence cannot obtain one (fences on demand), and a
+        // fence asked during a failover may fail: either way the grant is never believed
+        // held, like a lease found lost at the first check below.
+        let Ok(fence) = lease.fence().await else {
+            let _ = guard.release().await;
+            continue;
+        };
+        let token = lease.token().to_owned();
         // The first check, stamped before asking (see lock_tests::exclusion): a lease found
         // lost already was never believed.
         let first_check = monotonic_us();
@@ -258,7 +265,7 @@ async fn increment(
     careless: bool,
 ) -> u64 {
     let lease = guard.lease();
-    let (fence, token) = (lease.fence(), lease.token());
+    let (fence, token) = (lease.fence().await.expect("a fence"), lease.token());
     log.line(format_args!("W {key} {token} {first_check}"));
     let read = counter_read(resource, key, fence, token).await;
     let outcome = match read {

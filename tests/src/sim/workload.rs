@@ -152,7 +152,8 @@ impl Ctx {
             h.hold(
                 lease.key(),
                 lease.token(),
-                lease.fence(),
+                // The simulated store gives each lease its fence at acquire.
+                lease.known_fence().expect("a fence given at acquire"),
                 client,
                 now,
                 renewed,
@@ -174,7 +175,8 @@ impl Ctx {
             h.write(
                 lease.key(),
                 lease.token(),
-                lease.fence(),
+                // The simulated store gives each lease its fence at acquire.
+                lease.known_fence().expect("a fence given at acquire"),
                 believed_valid,
                 now,
             )
@@ -523,8 +525,8 @@ async fn hold(
         let lost = lease.is_lost();
         if seen_lost && !lost {
             ctx.violation(format!(
-                "lease: client {client}: is_lost() of fence {} went back to false",
-                lease.fence()
+                "lease: client {client}: is_lost() of fence {:?} went back to false",
+                lease.known_fence()
             ));
         }
         seen_lost |= lost;
@@ -566,14 +568,14 @@ async fn hold(
     }
     if seen_lost && !lease.is_lost() {
         ctx.violation(format!(
-            "lease: client {client}: is_lost() of fence {} went back to false after its release",
-            lease.fence()
+            "lease: client {client}: is_lost() of fence {:?} went back to false after its release",
+            lease.known_fence()
         ));
     }
     if lease.is_held() {
         ctx.violation(format!(
-            "lease: client {client}: is_held() of fence {} after its guard was let go",
-            lease.fence()
+            "lease: client {client}: is_held() of fence {:?} after its guard was let go",
+            lease.known_fence()
         ));
     }
 }
@@ -605,8 +607,8 @@ async fn annotated(
         if lease.is_lost() {
             let at = ctx.world().since_start(Instant::now()).as_secs_f64();
             ctx.violation(format!(
-                "attribute: key {key}: client {client}: on_lost = \"abort\" polled the body at {at:.3}s, after its lease (fence {}) was lost",
-                lease.fence()
+                "attribute: key {key}: client {client}: on_lost = \"abort\" polled the body at {at:.3}s, after its lease (fence {:?}) was lost",
+                lease.known_fence()
             ));
             return Ok(());
         }

@@ -39,7 +39,7 @@ async fn error_policy() -> anyhow::Result<String> {
 
 #[distributed_lock(key = "option")]
 async fn option_return() -> Option<u64> {
-    Some(current_lease()?.fence())
+    current_lease()?.fence().await.ok()
 }
 
 #[distributed_lock(key = "once:{day}", once = "7d")]

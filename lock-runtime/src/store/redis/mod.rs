@@ -14,6 +14,7 @@ mod client;
 mod conn;
 mod connect;
 mod journal;
+mod lean;
 mod operator;
 mod options;
 mod replication;
@@ -24,8 +25,9 @@ mod subscriber;
 mod version;
 
 use self::conn::{Conn, slot};
+use self::operator::Read;
 pub(crate) use self::options::{RedisOptions, Topology};
-use self::reply::{acquire_outcome, pttl_of, redis_error, value_text};
+use self::reply::{acquire_outcome, redis_error};
 use self::scripts::{ACQUIRE_LUA, Scripts};
 use self::sentinel::{SentinelConn, is_readonly};
 use super::{
@@ -73,6 +75,13 @@ impl LockStore for RedisBackend {
             min_hold,
             once,
         } = request;
+        let lean = !once
+            && min_hold.is_zero()
+            && self.options.replicated.is_none()
+            && !self.options.fence_at_acquire;
+        if lean {
+            return self.acquire_lean(names, token, owner, ttl).await;
+        }
         let args = [
             token.to_owned(),
             owner.to_owned(),
@@ -80,8 +89,11 @@ impl LockStore for RedisBackend {
             millis_ceil(min_hold).to_string(),
             if once { "1" } else { "0" }.to_owned(),
             millis_ceil(fence_retention(ttl)).to_string(),
+            names.channel.clone(),
+            if self.sharded_pubsub { "1" } else { "0" }.to_owned(),
         ];
-        let keys = [&names.record, &names.fence, &names.done];
+        let waiting = waiters_flag(names);
+        let keys = [&names.record, &names.fence, &names.done, &waiting];
         if let Some((replicas, timeout)) = self.options.replicated {
             // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
             let mut eval = redis::cmd("EVAL");
@@ -158,6 +170,15 @@ impl LockStore for RedisBackend {
         Ok(reply == 1)
     }
 
+    async fn fence(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, LockError> {
+        self.fence_on_demand(names, token, ttl).await
+    }
+
     async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
         if items.is_empty() {
             return Ok(Vec::new());
@@ -223,37 +244,12 @@ impl LockStore for RedisBackend {
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
-        let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .scripts
-            .inspect
-            .key(&names.record)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key), e))?;
-        match reply.as_slice() {
-            [] => Ok(None),
-            [tag, kind] if value_text(tag) == "foreign" => Err(BackendError::new(format!(
-                "Redis key `{}` holds a value of type `{}`, not a lock record",
-                names.record,
-                value_text(kind)
-            ))
-            .into()),
-            [
-                owner,
-                Value::Int(fence),
-                Value::Int(acquired),
-                Value::Int(pttl),
-                Value::Int(now),
-            ] => Ok(Some(RecordView::new(
-                value_text(owner),
-                u64::try_from(*fence).unwrap_or(0),
-                pttl_of(*pttl),
-                Duration::from_millis(u64::try_from(now - acquired).unwrap_or(0)),
-            ))),
-            _ => Err(BackendError::new(format!(
-                "inspect of `{}` got an unexpected reply from Redis",
-                names.key
+        match self.read_record(names).await? {
+            Read::Free => Ok(None),
+            Read::Held(view) => Ok(Some(view)),
+            Read::Foreign(kind) => Err(BackendError::new(format!(
+                "Redis key `{}` holds a value of type `{kind}`, not a lock record",
+                names.record
             ))
             .into()),
         }
@@ -272,7 +268,16 @@ impl LockStore for RedisBackend {
     }
 
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
-        self.remove_if_fenced(names, fence).await
+        self.remove_holding(names, "fence", &fence.to_string())
+            .await
+    }
+
+    async fn force_release_holder(
+        &self,
+        names: &KeyNames,
+        holder: &str,
+    ) -> Result<bool, LockError> {
+        self.remove_holding(names, "holder", holder).await
     }
 
     async fn append_run(
@@ -362,7 +367,10 @@ impl RedisBackend {
             }
         };
         let outcome = acquire_outcome(names, &reply)?;
-        if !matches!(outcome, AcquireOutcome::Acquired { .. }) {
+        if !matches!(
+            outcome,
+            AcquireOutcome::Acquired { .. } | AcquireOutcome::AcquiredUnfenced
+        ) {
             return Ok(outcome);
         }
         let confirmed = usize::try_from(confirmed).unwrap_or(0);
@@ -403,6 +411,8 @@ impl RedisBackend {
         tokio::spawn(async move {
             let answered: Result<(Vec<Value>, i64), redis::RedisError> =
                 pipe.query_async(&mut conn).await;
+            // A grant is the acquire script's {1, fence}: an acquire that answers otherwise
+            // must be counted as a grant here too, or an unconfirmed one is never given back.
             let confirmed = match &answered {
                 Ok((reply, confirmed)) if matches!(reply.first(), Some(Value::Int(1))) => {
                     usize::try_from(*confirmed).unwrap_or(0) >= replicas
@@ -453,6 +463,7 @@ struct ReleaseCall {
     scripts: Arc<Scripts>,
     record: String,
     done: String,
+    waiting: String,
     token: String,
     channel: String,
     done_retention_ms: u64,
@@ -472,6 +483,7 @@ impl ReleaseCall {
             scripts,
             record: names.record.clone(),
             done: names.done.clone(),
+            waiting: waiters_flag(names),
             token: token.to_owned(),
             channel: names.channel.clone(),
             done_retention_ms: done_retention.map_or(0, millis_ceil),
@@ -484,6 +496,7 @@ impl ReleaseCall {
             .release
             .key(&self.record)
             .key(&self.done)
+            .key(&self.waiting)
             .arg(&self.token)
             .arg(&self.channel)
             .arg(self.done_retention_ms)
@@ -514,6 +527,13 @@ async fn run_extend(
         )));
     }
     Ok(reply.into_iter().map(|r| r == 1).collect())
+}
+
+/// The waiters flag of a lock, `<record>:waiting`: raised by a caller that found the lock
+/// taken (it may wait), for a little longer than the record's time left; a release publishes
+/// only while it lives, so a lock nobody waits for costs no PUBLISH.
+pub(crate) fn waiters_flag(names: &KeyNames) -> String {
+    format!("{}:waiting", names.record)
 }
 
 /// How long a fence counter outlives its last acquire: a day, or the ttl if longer. After

@@ -1,15 +1,25 @@
 //! What operators ask of a Redis store (`LockRuntime::list`, `force_release`, lockctl): a
 //! SCAN of the records (never KEYS), on every master of a Cluster, and a forced release.
 
+use std::time::Duration;
+
 use redis::Value;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use super::super::listing::{key_of_record, redis_match};
-use super::super::{KeyNames, LockStore, RecordView, key_matches};
+use super::super::{KeyNames, RecordView, key_matches};
 use super::RedisBackend;
 use super::conn::Conn;
-use super::reply::value_text;
+use super::reply::{pttl_of, value_text};
 use crate::{BackendError, LockError};
+
+/// What the inspect script found at a record key.
+pub(super) enum Read {
+    Free,
+    Held(RecordView),
+    /// A value that is no lock record, of this type.
+    Foreign(String),
+}
 
 /// Keys asked per SCAN call: large enough that a big keyspace takes few round trips, small
 /// enough that one call stays short on the server.
@@ -23,7 +33,11 @@ impl RedisBackend {
         pattern: &str,
     ) -> Result<Vec<(String, RecordView)>, LockError> {
         let records = self
-            .scan_keys(&redis_match(namespace, pattern), "hash", "the lock records")
+            .scan_keys(
+                &redis_match(namespace, pattern),
+                "string",
+                "the lock records",
+            )
             .await?;
         let mut listed = Vec::new();
         for record in records {
@@ -34,14 +48,54 @@ impl RedisBackend {
                 continue;
             }
             // Read one by one through the inspect script (the record may have gone since the
-            // SCAN saw it); a hash that is no lock record (no fence) is not listed.
-            if let Some(view) = self.inspect(&KeyNames::new(namespace, &key)).await?
-                && view.fence > 0
-            {
+            // SCAN saw it); a string that is no lock record is not listed.
+            if let Read::Held(view) = self.read_record(&KeyNames::new(namespace, &key)).await? {
                 listed.push((key, view));
             }
         }
         Ok(listed)
+    }
+
+    /// The record at `names` as the inspect script reads it.
+    pub(super) async fn read_record(&self, names: &KeyNames) -> Result<Read, LockError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .scripts
+            .inspect
+            .key(&names.record)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key), e))?;
+        match reply.as_slice() {
+            [] => Ok(Read::Free),
+            [tag, kind] if value_text(tag) == "foreign" => Ok(Read::Foreign(value_text(kind))),
+            [
+                owner,
+                fence,
+                since,
+                Value::Int(pttl),
+                Value::Int(now),
+                holder,
+            ] => {
+                let held_for = value_text(since)
+                    .parse::<i64>()
+                    .ok()
+                    .map(|since| Duration::from_millis(u64::try_from(now - since).unwrap_or(0)));
+                let mut view = RecordView::unfenced(
+                    value_text(owner),
+                    value_text(holder),
+                    pttl_of(*pttl),
+                    held_for,
+                );
+                view.fence = value_text(fence).parse::<u64>().ok();
+                Ok(Read::Held(view))
+            }
+            _ => Err(BackendError::new(format!(
+                "inspect of `{}` got an unexpected reply from Redis",
+                names.key
+            ))
+            .into()),
+        }
     }
 
     /// Every key of type `kind` matching `scan_match` (a SCAN pattern), on every master of a
@@ -88,18 +142,21 @@ impl RedisBackend {
         Ok(keys)
     }
 
-    /// Removes the record if it carries `fence`, whatever its token, and announces the release.
-    pub(super) async fn remove_if_fenced(
+    /// Removes the record if it is the holding `by` ("fence" or "holder") `what` names,
+    /// whatever its token, and announces the release.
+    pub(super) async fn remove_holding(
         &self,
         names: &KeyNames,
-        fence: u64,
+        by: &str,
+        what: &str,
     ) -> Result<bool, LockError> {
         let mut conn = self.conn.noting_retries();
         let removed: i64 = self
             .scripts
             .force_release
             .key(&names.record)
-            .arg(fence)
+            .arg(by)
+            .arg(what)
             .arg(&names.channel)
             .arg(if self.sharded_pubsub { "1" } else { "0" })
             .invoke_async(&mut conn)

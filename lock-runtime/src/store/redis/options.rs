@@ -42,6 +42,9 @@ pub(crate) struct RedisOptions {
     /// The runtime's key namespace: a Cluster's sharded pub/sub probe publishes inside it,
     /// where the documented ACL rule (`&<namespace>:*`) lets every lock user publish.
     pub(crate) namespace: String,
+    /// Every acquire computes its fence at once (the acquire script), never on demand: the
+    /// store is a Redlock member, whose quorum takes the largest of its members' fences.
+    pub(crate) fence_at_acquire: bool,
 }
 
 impl RedisOptions {
@@ -58,6 +61,7 @@ impl RedisOptions {
             connect_timeout,
             command_timeout,
             namespace: "lock".to_owned(),
+            fence_at_acquire: false,
         }
     }
 

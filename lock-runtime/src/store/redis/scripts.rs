@@ -2,8 +2,12 @@
 
 use redis::Script;
 
-/// The acquire script's text: `replicated_acquire` sends it with EVAL.
-pub(super) const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+/// The acquire script's text: `replicated_acquire` sends it with EVAL. The scripts that read a
+/// record's fields start with `record.lua`, its one parser.
+pub(super) const ACQUIRE_LUA: &str = concat!(
+    include_str!("lua/record.lua"),
+    include_str!("lua/acquire.lua")
+);
 
 pub(super) struct Scripts {
     pub(super) acquire: Script,
@@ -12,6 +16,8 @@ pub(super) struct Scripts {
     pub(super) inspect: Script,
     pub(super) raise_fence: Script,
     pub(super) force_release: Script,
+    pub(super) fence: Script,
+    pub(super) contended: Script,
 }
 
 impl Scripts {
@@ -20,14 +26,22 @@ impl Scripts {
             acquire: Script::new(ACQUIRE_LUA),
             release: Script::new(include_str!("lua/release.lua")),
             extend: Script::new(include_str!("lua/extend.lua")),
-            inspect: Script::new(include_str!("lua/inspect.lua")),
+            inspect: Script::new(concat!(
+                include_str!("lua/record.lua"),
+                include_str!("lua/inspect.lua")
+            )),
             raise_fence: Script::new(include_str!("lua/raise_fence.lua")),
-            force_release: Script::new(include_str!("lua/force_release.lua")),
+            force_release: Script::new(concat!(
+                include_str!("lua/record.lua"),
+                include_str!("lua/force_release.lua")
+            )),
+            fence: Script::new(include_str!("lua/fence.lua")),
+            contended: Script::new(include_str!("lua/contended.lua")),
         }
     }
 
     /// Every script, for loading them all at connect.
-    pub(super) fn all(&self) -> [&Script; 6] {
+    pub(super) fn all(&self) -> [&Script; 8] {
         [
             &self.acquire,
             &self.release,
@@ -35,6 +49,8 @@ impl Scripts {
             &self.inspect,
             &self.raise_fence,
             &self.force_release,
+            &self.fence,
+            &self.contended,
         ]
     }
 }

@@ -11,9 +11,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 mod journal;
+mod operator;
 mod watch;
 
-use super::listing::{LIST_TIMEOUT, combine_masters, combine_one};
 use super::{
     AcquireOutcome, AcquireRequest, DynStore, ExtendItem, KeyNames, LockStore, RecordView,
     RedisBackend, RedisOptions, ReleaseHub, ReleaseOutcome, ReleaseWatch, Renewal, Retention,
@@ -82,6 +82,7 @@ impl RedlockBackend {
             connecting.spawn(async move {
                 let mut options = RedisOptions::single(url, connect_timeout, command_timeout);
                 options.tls_root_cert = tls_root_cert;
+                options.fence_at_acquire = true;
                 // Each master wakes its own watchers; a quorum watch forwards them.
                 let hub = Arc::new(ReleaseHub::default());
                 (i, RedisBackend::connect_with(options, hub, true).await)
@@ -285,6 +286,14 @@ impl LockStore for RedlockBackend {
                 Ok(AcquireOutcome::Acquired { fence }) => fences.push(fence),
                 Ok(AcquireOutcome::Held { pttl }) => held_pttls.push(pttl),
                 Ok(AcquireOutcome::Done { pttl }) => done_pttls.push(pttl),
+                // The quorum's fence is the members' largest at acquire: a member that
+                // computes fences on demand cannot take part yet. Its grant is counted as a
+                // failure: given back with the rest if the quorum fails; if the others make
+                // a quorum, it is renewed and released with them.
+                Ok(AcquireOutcome::AcquiredUnfenced) => errors.push(NodeError {
+                    text: "a member answered without a fence, which a quorum cannot use".to_owned(),
+                    transient: false,
+                }),
                 Err(e) => errors.push(e),
             }
         }
@@ -484,77 +493,27 @@ impl LockStore for RedlockBackend {
     }
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
-        let answers = {
-            let names = names.clone();
-            self.fan_out(move |node| {
-                let names = names.clone();
-                async move { node.inspect(&names).await }
-            })
-            .await
-        };
-        // The record a quorum agrees on (same owner and fence), with how the masters see it.
-        let mut views = Vec::new();
-        let mut errors = Vec::new();
-        for answer in answers {
-            match answer {
-                Ok(Some(view)) => views.push(view),
-                Ok(None) => {}
-                Err(e) => errors.push(e),
-            }
-        }
-        self.enough_answered(&format!("inspect of `{}`", names.key), &errors)?;
-        Ok(combine_one(views, errors.len(), self.nodes.len())
-            .filter(|view| view.quorum.is_some_and(|q| q.agreeing >= self.quorum)))
+        self.inspect_quorum(names).await
     }
 
-    /// Every record the masters list, combined per key with how many masters agree; keys
-    /// held on fewer masters than a quorum are listed too, flagged by their view.
     async fn list(
         &self,
         namespace: &str,
         pattern: &str,
     ) -> Result<Vec<(String, RecordView)>, LockError> {
-        let answers = {
-            let (namespace, pattern) = (namespace.to_owned(), pattern.to_owned());
-            self.fan_out_within(LIST_TIMEOUT, move |node| {
-                let (namespace, pattern) = (namespace.clone(), pattern.clone());
-                async move { node.list(&namespace, &pattern).await }
-            })
-            .await
-        };
-        let mut listed = Vec::new();
-        let mut errors = Vec::new();
-        for answer in answers {
-            match answer {
-                Ok(records) => listed.push(records),
-                Err(e) => errors.push(e),
-            }
-        }
-        self.enough_answered("listing", &errors)?;
-        Ok(combine_masters(listed, errors.len(), self.nodes.len()))
+        self.list_combined(namespace, pattern).await
     }
 
-    /// Removes the record carrying `fence` on every master that answers (the masters of the
-    /// quorum carry the lease's fence); true if any had it.
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
-        let answers = {
-            let names = names.clone();
-            self.fan_out(move |node| {
-                let names = names.clone();
-                async move { node.force_release(&names, fence).await }
-            })
-            .await
-        };
-        let mut removed = false;
-        let mut errors = Vec::new();
-        for answer in answers {
-            match answer {
-                Ok(here) => removed |= here,
-                Err(e) => errors.push(e),
-            }
-        }
-        self.enough_answered(&format!("forced release of `{}`", names.key), &errors)?;
-        Ok(removed)
+        self.force_release_everywhere(names, fence).await
+    }
+
+    async fn force_release_holder(
+        &self,
+        names: &KeyNames,
+        holder: &str,
+    ) -> Result<bool, LockError> {
+        self.force_release_holder_everywhere(names, holder).await
     }
 
     async fn append_run(

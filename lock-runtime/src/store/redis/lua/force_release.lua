@@ -1,25 +1,38 @@
--- Remove a lock record whatever its token, if it carries the fence the operator saw (an
--- operator's forced release), and announce it as a release is announced, so waiters try at
--- once. The fence condition makes a retried or late call harmless: a new holder has another.
--- KEYS[1] record hash
--- ARGV[1] fence   ARGV[2] release channel
--- ARGV[3] '1': publish on the sharded channel (Cluster, 7.0 or newer)
--- Returns 1 removed | 0 no record, or another fence | -1 a value that is not a lock record
+-- Remove a lock record whatever its token, if it is the holding the operator saw (by its
+-- fence, or by its holder id as inspect.lua computes it), and announce it as a release is
+-- announced, so waiters try at once. The condition makes a retried or late call harmless: a
+-- new holder has another fence and another id.
+-- KEYS[1] record
+-- ARGV[1] 'fence' or 'holder'   ARGV[2] the fence or the holder id   ARGV[3] release channel
+-- ARGV[4] '1': publish on the sharded channel (Cluster, 7.0 or newer)
+-- Returns 1 removed | 0 no record, or another holding | -1 a value that is not a lock record
 -- (left untouched). The done marker and the fence counter are separate keys and stay.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
+-- parse(v), the record's fields: record.lua, put before this script by scripts.rs.
+local v = redis.pcall('GET', KEYS[1])
+if not v then
   return 0
 end
-if kind ~= 'hash' then
+if type(v) == 'table' then
   return -1
 end
-if redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1] then
-  return 0
+local token, f = parse(v)
+if not token then
+  return -1
+end
+if ARGV[1] == 'fence' then
+  if f ~= ARGV[2] then
+    return 0
+  end
+else
+  local plain = string.gsub(token, '^released:', '')
+  if string.sub(redis.sha1hex(plain), 1, 16) ~= ARGV[2] then
+    return 0
+  end
 end
 redis.call('DEL', KEYS[1])
-if ARGV[3] == '1' then
-  redis.call('SPUBLISH', ARGV[2], 'forced')
+if ARGV[4] == '1' then
+  redis.call('SPUBLISH', ARGV[3], 'forced')
 else
-  redis.call('PUBLISH', ARGV[2], 'forced')
+  redis.call('PUBLISH', ARGV[3], 'forced')
 end
 return 1
