@@ -14,17 +14,24 @@ const ACQUIRE: &str = concat!(
     include_str!("../../lock-runtime/src/store/redis/lua/record.lua"),
     include_str!("../../lock-runtime/src/store/redis/lua/acquire.lua")
 );
-const RELEASE: &str = include_str!("../../lock-runtime/src/store/redis/lua/release.lua");
+const RELEASE: &str = concat!(
+    include_str!("../../lock-runtime/src/store/redis/lua/release.lua"),
+    include_str!("../../lock-runtime/src/store/redis/lua/record.lua"),
+    include_str!("../../lock-runtime/src/store/redis/lua/release_rest.lua")
+);
 const FENCE: &str = include_str!("../../lock-runtime/src/store/redis/lua/fence.lua");
 
 /// What one variant sends per pair.
 #[derive(Clone)]
 enum Pair {
     /// What the store sends for a plain request: SET NX PX of the record, the fence script
-    /// when `fence` is given (a holder that asks for its fence), then the release script.
+    /// when `fence` is given (a holder that asks for its fence), then the release script;
+    /// with `marked`, the record carries a waiters mark (someone waited: the release reads its
+    /// fields and publishes, to no subscriber here).
     Ours {
         release: String,
         fence: Option<String>,
+        marked: bool,
     },
     /// `acquire` and `release` scripts (SHA), called once per pair.
     Scripts(String, String),
@@ -93,12 +100,7 @@ async fn server_cpu(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
 /// The keys and arguments of pair `i`'s acquire.
 fn acquire_args(i: usize) -> (Vec<String>, Vec<String>) {
     let key = format!("lock:{{c{i}}}");
-    let keys = vec![
-        key.clone(),
-        format!("{key}:fence"),
-        format!("{key}:done"),
-        format!("{key}:waiting"),
-    ];
+    let keys = vec![key.clone(), format!("{key}:fence"), format!("{key}:done")];
     let args = [
         &format!("{i:032x}"),
         "bench-owner",
@@ -114,17 +116,22 @@ fn acquire_args(i: usize) -> (Vec<String>, Vec<String>) {
     (keys, args)
 }
 
-/// The keys and arguments of pair `i`'s release.
-fn release_args(i: usize) -> (Vec<String>, Vec<String>) {
+/// The keys and arguments of pair `i`'s release: with the value its lean acquire wrote when
+/// `lean` (the release's one-comparison case), else with none (a scripted record).
+fn release_args(i: usize, lean: bool) -> (Vec<String>, Vec<String>) {
     let key = format!("lock:{{c{i}}}");
-    let keys = vec![key.clone(), format!("{key}:done"), format!("{key}:waiting")];
-    let args = vec![
-        format!("{i:032x}"),
-        format!("{key}:released"),
-        "0".to_owned(),
-        "0".to_owned(),
-    ];
-    (keys, args)
+    let token = format!("{i:032x}");
+    let value = if lean {
+        lean_value(&token)
+    } else {
+        String::new()
+    };
+    (vec![key], vec![token, value, "0".to_owned()])
+}
+
+/// The record a lean acquire of `token` writes.
+fn lean_value(token: &str) -> String {
+    format!("{token} - - 0 bench-owner")
 }
 
 fn evalsha(sha: &str, keys: &[String], args: &[String]) -> redis::Cmd {
@@ -137,13 +144,18 @@ fn evalsha(sha: &str, keys: &[String], args: &[String]) -> redis::Cmd {
 fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
     let mut out = Vec::new();
     match pair {
-        Pair::Ours { release, fence } => {
+        Pair::Ours {
+            release,
+            fence,
+            marked,
+        } => {
             for i in range {
                 let key = format!("lock:{{c{i}}}");
                 let token = format!("{i:032x}");
+                let mark = if *marked { "\nw" } else { "" };
                 let mut set = redis::cmd("SET");
                 set.arg(&key)
-                    .arg(format!("{token} - - 0 bench-owner"))
+                    .arg(format!("{}{mark}", lean_value(&token)))
                     .arg("NX")
                     .arg("PX")
                     .arg(30_000);
@@ -152,7 +164,7 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
                     let keys = [key.clone(), format!("{key}:fence")];
                     out.push(evalsha(fence, &keys, &[token, "86400000".into()]));
                 }
-                let (k, a) = release_args(i);
+                let (k, a) = release_args(i, true);
                 out.push(evalsha(release, &k, &a));
             }
         }
@@ -160,7 +172,7 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
             for i in range {
                 let (k, a) = acquire_args(i);
                 out.push(evalsha(acquire, &k, &a));
-                let (k, a) = release_args(i);
+                let (k, a) = release_args(i, false);
                 out.push(evalsha(release, &k, &a));
             }
         }
@@ -176,7 +188,7 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
                 out.push(evalsha(acquire, &keys, &args));
                 let (mut keys, mut args) = (Vec::new(), Vec::new());
                 for &i in group {
-                    let (k, a) = release_args(i);
+                    let (k, a) = release_args(i, false);
                     keys.extend(k);
                     args.extend(a);
                 }
@@ -256,8 +268,8 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
     )
     .await?;
-    let batch_acquire = load(conn, &batch_of(ACQUIRE, 4, 8)).await?;
-    let batch_release = load(conn, &batch_of(RELEASE, 3, 4)).await?;
+    let batch_acquire = load(conn, &batch_of(ACQUIRE, 3, 8)).await?;
+    let batch_release = load(conn, &batch_of(RELEASE, 1, 3)).await?;
     let no_time = load(
         conn,
         &without(
@@ -277,9 +289,10 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
     )
     .await?;
     let fence = load(conn, FENCE).await?;
-    let plain = |release: &str, fence: Option<&str>| Pair::Ours {
+    let plain = |release: &str, fence: Option<&str>, marked: bool| Pair::Ours {
         release: release.to_owned(),
         fence: fence.map(str::to_owned),
+        marked,
     };
     let ours = |a: &str, r: &str| Pair::Scripts(a.to_owned(), r.to_owned());
     Ok(vec![
@@ -300,12 +313,17 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         },
         Variant {
             label: "ours, plain request: SET NX PX + release.lua",
-            pair: plain(&release, None),
+            pair: plain(&release, None, false),
+            counters: false,
+        },
+        Variant {
+            label: "ours, plain request someone waited for (the record marked; PUBLISH)",
+            pair: plain(&release, None, true),
             counters: false,
         },
         Variant {
             label: "ours, plain request + its fence asked (fence.lua)",
-            pair: plain(&release, Some(&fence)),
+            pair: plain(&release, Some(&fence), false),
             counters: true,
         },
         Variant {

@@ -404,3 +404,60 @@ async fn a_release_publishes_only_while_someone_waits() {
         "the release a waiter waited for was not published"
     );
 }
+
+/// A waiter marks the record it waits for (the release publishes only then): the mark is no
+/// part of the owner that `inspect` and `list` show, renewal keeps a marked record, and a
+/// holder that asked for its fence (which rewrites the record) still wakes its waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_mark_is_invisible_to_inspect_and_survives_renewal_and_fencing() {
+    let server = RedisServer::start();
+    let holder = LockRuntime::builder()
+        .redis(server.url())
+        .owner("holder-a")
+        .built()
+        .await;
+    let waiter = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    // A ttl the watchdog renews a few times while the waiter waits.
+    let guard = holder.take("marked", Duration::from_secs(1)).await;
+    let fence = guard.lease().fence().await.expect("a fence while held");
+    let waiting = tokio::spawn(async move {
+        let got = waiter
+            .lock("marked")
+            .acquire_timeout(Duration::from_secs(30))
+            .await
+            .expect("the waiter gets the lock");
+        got.release().await.expect("release");
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut conn = server.conn().await;
+    let raw: String = lock_tests::query(&mut conn, ("GET", "lock:{marked}")).await;
+    assert!(
+        raw.ends_with("\nw"),
+        "the waiter marked the record: {raw:?}"
+    );
+    assert!(!guard.lease().is_lost(), "renewed through the mark");
+    let info = holder
+        .inspect("marked")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(info.owner, "holder-a");
+    assert_eq!(info.fence, Some(fence));
+    let listed = holder.list("*").await.expect("list");
+    assert_eq!(
+        listed.iter().map(|l| l.owner.as_str()).collect::<Vec<_>>(),
+        ["holder-a"]
+    );
+    let before = publishes(&server).await;
+    assert!(guard.release().await.expect("release"));
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter gets the lock after the release")
+        .expect("waiter task");
+    assert_eq!(
+        publishes(&server).await,
+        before + 1,
+        "the release of the fenced, marked record was published (and the waiter's own, \
+         with nobody waiting, was not)"
+    );
+}

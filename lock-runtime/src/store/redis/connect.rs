@@ -148,6 +148,7 @@ impl RedisBackend {
     ) -> Self {
         RedisBackend {
             sharded_pubsub,
+            lean_owner: std::sync::OnceLock::new(),
             conn,
             options,
             secrets: shown.secrets,

@@ -31,6 +31,8 @@ pub(super) fn lean_value(token: &str, owner: &str) -> String {
 /// The fields of a record's value: token, fence, start, hold, owner; None for a string that
 /// is no lock record.
 pub(super) fn record_fields(value: &str) -> Option<(&str, &str, &str, &str, &str)> {
+    // The waiters mark (record.lua) is no part of the owner.
+    let value = value.strip_suffix("\nw").unwrap_or(value);
     let mut parts = value.splitn(5, ' ');
     let fields = (
         parts.next()?,
@@ -54,7 +56,7 @@ pub(super) fn record_fields(value: &str) -> Option<(&str, &str, &str, &str, &str
 
 impl RedisBackend {
     /// `SET record value NX PX ttl`. When it is not set, `contended.lua` says by whom and for
-    /// how long, and raises the waiters flag: the value may be this very token's (the SET was sent again
+    /// how long, and marks the record as waited for: the value may be this very token's (the SET was sent again
     /// after its connection broke, and the first send won), which is then a grant, never an
     /// orphan.
     pub(super) async fn acquire_lean(
@@ -65,6 +67,9 @@ impl RedisBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
         let value = lean_value(token, owner);
+        if self.lean_owner.get().is_none() {
+            let _ = self.lean_owner.set(owner.to_owned());
+        }
         let context = || format!("acquire of `{}` failed", names.key);
         let mut conn = self.conn.clone();
         for _ in 0..LEAN_TRIES {
@@ -80,12 +85,11 @@ impl RedisBackend {
             if matches!(set, Value::Okay) {
                 return Ok(AcquireOutcome::AcquiredUnfenced);
             }
-            // Who holds it, for how long, and the waiters flag raised (contended.lua).
+            // Who holds it, for how long, and the record marked as waited for (contended.lua).
             let reply: Vec<Value> = self
                 .scripts
                 .contended
                 .key(&names.record)
-                .key(super::waiters_flag(names))
                 .arg(token)
                 .invoke_async(&mut conn)
                 .await
@@ -185,5 +189,19 @@ mod tests {
         ] {
             assert_eq!(record_fields(foreign), None, "{foreign:?}");
         }
+    }
+
+    #[test]
+    fn the_waiters_mark_is_no_part_of_a_records_fields() {
+        let plain = lean_value("tok", "host:42");
+        let marked = format!("{plain}\nw");
+        assert_eq!(
+            record_fields(&marked),
+            Some(("tok", "-", "-", "0", "host:42"))
+        );
+        assert_eq!(record_fields(&plain), record_fields(&marked));
+        // A mark alone, or in the middle, makes no record of a string that is none.
+        assert_eq!(record_fields("\nw"), None);
+        assert_eq!(record_fields("tok - -\nw 0 host"), None);
     }
 }

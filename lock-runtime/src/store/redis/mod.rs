@@ -53,6 +53,10 @@ pub(crate) struct RedisBackend {
     /// nodes all run Redis 7.0 or newer. Older Clusters (6.2) and single servers use classic
     /// PUBLISH / SUBSCRIBE.
     sharded_pubsub: bool,
+    /// The owner of this store's first lean acquire: a release of a lean record that is still
+    /// exactly as that acquire wrote it costs the server one comparison (release.lua). A
+    /// store shared by runtimes of other owners releases their records by the general path.
+    lean_owner: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -92,8 +96,7 @@ impl LockStore for RedisBackend {
             names.channel.clone(),
             if self.sharded_pubsub { "1" } else { "0" }.to_owned(),
         ];
-        let waiting = waiters_flag(names);
-        let keys = [&names.record, &names.fence, &names.done, &waiting];
+        let keys = [&names.record, &names.fence, &names.done];
         if let Some((replicas, timeout)) = self.options.replicated {
             // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
             let mut eval = redis::cmd("EVAL");
@@ -123,16 +126,10 @@ impl LockStore for RedisBackend {
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let mut conn = self.conn.noting_retries();
-        let reply = ReleaseCall::new(
-            self.scripts.clone(),
-            names,
-            token,
-            done_retention,
-            self.sharded_pubsub,
-        )
-        .run(&mut conn)
-        .await
-        .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
+        let reply = ReleaseCall::new(self, names, token, done_retention)
+            .run(&mut conn)
+            .await
+            .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
@@ -401,13 +398,7 @@ impl RedisBackend {
         replicas: usize,
     ) -> Result<(Vec<Value>, i64), redis::RedisError> {
         let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
-        let release = ReleaseCall::new(
-            self.scripts.clone(),
-            names,
-            token,
-            None,
-            self.sharded_pubsub,
-        );
+        let release = ReleaseCall::new(self, names, token, None);
         tokio::spawn(async move {
             let answered: Result<(Vec<Value>, i64), redis::RedisError> =
                 pipe.query_async(&mut conn).await;
@@ -463,9 +454,10 @@ struct ReleaseCall {
     scripts: Arc<Scripts>,
     record: String,
     done: String,
-    waiting: String,
     token: String,
-    channel: String,
+    /// The record's value as a lean acquire of this token wrote it (the owner this store's
+    /// lean acquires gave), or empty: the script's one-comparison case.
+    lean_value: String,
     done_retention_ms: u64,
     /// SPUBLISH instead of PUBLISH (a Cluster of Redis 7.0 or newer).
     sharded: bool,
@@ -473,36 +465,35 @@ struct ReleaseCall {
 
 impl ReleaseCall {
     fn new(
-        scripts: Arc<Scripts>,
+        backend: &RedisBackend,
         names: &KeyNames,
         token: &str,
         done_retention: Option<Duration>,
-        sharded: bool,
     ) -> Self {
         ReleaseCall {
-            scripts,
+            scripts: backend.scripts.clone(),
             record: names.record.clone(),
             done: names.done.clone(),
-            waiting: waiters_flag(names),
             token: token.to_owned(),
-            channel: names.channel.clone(),
+            lean_value: backend
+                .lean_owner
+                .get()
+                .map_or_else(String::new, |owner| lean::lean_value(token, owner)),
             done_retention_ms: done_retention.map_or(0, millis_ceil),
-            sharded,
+            sharded: backend.sharded_pubsub,
         }
     }
 
     async fn run<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<i64> {
-        self.scripts
-            .release
-            .key(&self.record)
-            .key(&self.done)
-            .key(&self.waiting)
+        let mut invocation = self.scripts.release.key(&self.record);
+        invocation
             .arg(&self.token)
-            .arg(&self.channel)
-            .arg(self.done_retention_ms)
-            .arg(if self.sharded { "1" } else { "0" })
-            .invoke_async(conn)
-            .await
+            .arg(&self.lean_value)
+            .arg(if self.sharded { "1" } else { "0" });
+        if self.done_retention_ms > 0 {
+            invocation.key(&self.done).arg(self.done_retention_ms);
+        }
+        invocation.invoke_async(conn).await
     }
 }
 
@@ -527,13 +518,6 @@ async fn run_extend(
         )));
     }
     Ok(reply.into_iter().map(|r| r == 1).collect())
-}
-
-/// The waiters flag of a lock, `<record>:waiting`: raised by a caller that found the lock
-/// taken (it may wait), for a little longer than the record's time left; a release publishes
-/// only while it lives, so a lock nobody waits for costs no PUBLISH.
-pub(crate) fn waiters_flag(names: &KeyNames) -> String {
-    format!("{}:waiting", names.record)
 }
 
 /// How long a fence counter outlives its last acquire: a day, or the ttl if longer. After

@@ -9,6 +9,13 @@ pub(super) const ACQUIRE_LUA: &str = concat!(
     include_str!("lua/acquire.lua")
 );
 
+/// The release script's text: its common case first, then the record parser for the rest.
+pub(super) const RELEASE_LUA: &str = concat!(
+    include_str!("lua/release.lua"),
+    include_str!("lua/record.lua"),
+    include_str!("lua/release_rest.lua")
+);
+
 pub(super) struct Scripts {
     pub(super) acquire: Script,
     pub(super) release: Script,
@@ -24,7 +31,7 @@ impl Scripts {
     pub(super) fn new() -> Self {
         Scripts {
             acquire: Script::new(ACQUIRE_LUA),
-            release: Script::new(include_str!("lua/release.lua")),
+            release: Script::new(RELEASE_LUA),
             extend: Script::new(include_str!("lua/extend.lua")),
             inspect: Script::new(concat!(
                 include_str!("lua/record.lua"),
@@ -36,7 +43,10 @@ impl Scripts {
                 include_str!("lua/force_release.lua")
             )),
             fence: Script::new(include_str!("lua/fence.lua")),
-            contended: Script::new(include_str!("lua/contended.lua")),
+            contended: Script::new(concat!(
+                include_str!("lua/record.lua"),
+                include_str!("lua/contended.lua")
+            )),
         }
     }
 

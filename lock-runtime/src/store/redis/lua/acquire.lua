@@ -5,14 +5,14 @@
 -- and since_ms are '-' while unknown (a lean acquire), hold_until_ms is 0 without min_hold,
 -- and the owner is everything after the fourth space. A kept record's token is
 -- "released:<token>", which no holder's token equals.
--- KEYS[1] record   KEYS[2] fence counter   KEYS[3] done marker   KEYS[4] waiters flag
+-- KEYS[1] record   KEYS[2] fence counter   KEYS[3] done marker
 -- ARGV[1] token   ARGV[2] owner   ARGV[3] ttl ms   ARGV[4] min_hold ms
 -- ARGV[5] '1' when the request uses `once` (only then is the done marker consulted)
 -- ARGV[6] how long the fence counter is kept, ms (at least the ttl)
 -- ARGV[7] release channel   ARGV[8] '1': publish on the sharded channel (Cluster, 7.0 or newer)
 -- Returns {1, fence} acquired | {0, pttl} held | {2, pttl} done marker present
 --       | {3, type} a foreign value sits at the record key
--- parse(v), the record's fields: record.lua, put before this script by scripts.rs.
+-- parse(v) and marked(v): record.lua, put before this script by scripts.rs.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then
   return {3, redis.call('TYPE', KEYS[1])['ok']}
@@ -42,13 +42,11 @@ if v then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return {1, tonumber(f)}
   end
-  -- Held: the waiters flag raised, as contended.lua does (the caller may wait).
-  local pttl = redis.call('PTTL', KEYS[1])
-  local want = math.floor(math.max(pttl, 0) * 1.25) + 2000
-  if redis.call('PTTL', KEYS[4]) < want then
-    redis.call('SET', KEYS[4], '1', 'PX', want)
+  -- Held: the record marked as waited for, as contended.lua does (the caller may wait).
+  if not marked(v) then
+    redis.call('SET', KEYS[1], v .. '\nw', 'KEEPTTL')
   end
-  return {0, pttl}
+  return {0, redis.call('PTTL', KEYS[1])}
 end
 -- The hybrid fence: one more than the last fence, and never below the server clock in
 -- microseconds. A counter that expired, or an INCR lost in a failover, cannot make a fence
