@@ -419,7 +419,6 @@ async fn a_waiters_mark_is_invisible_to_inspect_and_survives_renewal_and_fencing
     let waiter = redis_runtime(server.url(), Duration::from_secs(2)).await;
     // A ttl the watchdog renews a few times while the waiter waits.
     let guard = holder.take("marked", Duration::from_secs(1)).await;
-    let fence = guard.lease().fence().await.expect("a fence while held");
     let waiting = tokio::spawn(async move {
         let got = waiter
             .lock("marked")
@@ -434,6 +433,13 @@ async fn a_waiters_mark_is_invisible_to_inspect_and_survives_renewal_and_fencing
     assert!(
         raw.ends_with("\nw"),
         "the waiter marked the record: {raw:?}"
+    );
+    // The fence asked after the mark: fence.lua rewrites the record and keeps the mark.
+    let fence = guard.lease().fence().await.expect("a fence while held");
+    let raw: String = lock_tests::query(&mut conn, ("GET", "lock:{marked}")).await;
+    assert!(
+        raw.ends_with("\nw") && raw.contains(&format!(" {fence} ")),
+        "fenced and still marked: {raw:?}"
     );
     assert!(!guard.lease().is_lost(), "renewed through the mark");
     let info = holder
