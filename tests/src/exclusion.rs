@@ -27,8 +27,11 @@
 //! - `C <key> <token> <sent> <answered> <retention>`: `complete()` of a `once` lease, sent at
 //!   `sent`, answered "done" at `answered`: no lease of the key (all of whose acquires use
 //!   `once`) may begin between `answered` and `sent + retention`.
-//! - `S <t>`: the process's `shutdown()` began at `t`: no lease it logs after this line may
-//!   have been handed out.
+//! - `H <key> <token>`: the acquire handed the lease to its caller (written as it returned,
+//!   before the fence is asked: with fences on demand that is a call to the store, which a
+//!   shutdown may begin during).
+//! - `S <t>`: the process's `shutdown()` began at `t`: no lease whose `H` line (or, without
+//!   one, whose `G` line) comes after this line may have been handed out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -137,6 +140,8 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
     // The token's latest holding; a token granted twice keeps both (the checker counts it).
     let mut latest: HashMap<String, usize> = HashMap::new();
     let mut shut_down = false;
+    // Per token, whether the shutdown had begun when the acquire handed it over.
+    let mut handed: HashMap<String, bool> = HashMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
@@ -155,7 +160,7 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                     ops: Vec::new(),
                     min_hold: None,
                     completed: None,
-                    after_shutdown: shut_down,
+                    after_shutdown: handed.remove(*token).unwrap_or(shut_down),
                 });
             }
             ["M", _, token, sent, min_hold] => {
@@ -174,6 +179,9 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                 ) {
                     holdings[i].completed = Some((sent, answered, retention));
                 }
+            }
+            ["H", _, token] => {
+                handed.insert(token.to_string(), shut_down);
             }
             ["S", _] => shut_down = true,
             ["W", _, token, t] => {
@@ -451,6 +459,31 @@ mod tests {
         held.completed = Some((1_500, 1_900, 50_000));
         let report = check(&[held, inside, after], &[]);
         assert_eq!(report.violations.len(), 1, "{report:?}");
+    }
+
+    /// A lease handed over before its process's shutdown began, whose fence (asked of the
+    /// store: fences on demand) came back after it, was not handed out after the shutdown:
+    /// the `H` line, written as the acquire returned, says when it was. One handed over after
+    /// the `S` line still is, and so is a `G` with no `H` line after an `S`.
+    #[test]
+    fn a_fence_answered_after_the_shutdown_began_is_not_a_late_grant() {
+        let dir = std::env::temp_dir().join(format!("exclusion-h-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let path = dir.join("log");
+        std::fs::write(
+            &path,
+            "H k1 early\nS 100\nG k1 7 early 120\nE k1 early 130\n\
+             H k2 late\nG k2 3 late 140\nE k2 late 150\nG k3 4 bare 160\n",
+        )
+        .expect("the log written");
+        let holdings = read_log(&path, 1).expect("the log read");
+        let late: Vec<&str> = holdings
+            .iter()
+            .filter(|h| h.after_shutdown)
+            .map(|h| h.token.as_str())
+            .collect();
+        assert_eq!(late, ["late", "bare"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The checker must be able to fail: an overlap with no failover behind it is a

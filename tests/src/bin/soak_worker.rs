@@ -180,7 +180,12 @@ async fn work(
                 .map(Some)
         };
         let guard = match got {
-            Ok(Some(guard)) => guard,
+            Ok(Some(guard)) => {
+                // Before any await: a shutdown that begins while the fence is asked below
+                // began after the handover.
+                log.line(format_args!("H {key} {}", guard.lease().token()));
+                guard
+            }
             Err(LockError::Shutdown) => return,
             Ok(None) | Err(_) => {
                 if plan.try_only {
