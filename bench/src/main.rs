@@ -12,6 +12,7 @@
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
 //! cargo run --release -p lock-bench -- --macro-overhead [--quick] [--json PATH]  # row 6 taken apart
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
+//! cargo run --release -p lock-bench -- --profile ours|raw [SECONDS]  # row 2 of one implementation, for perf
 //! ```
 
 use std::sync::Arc;
@@ -114,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
     let mut macro_overhead = false;
     let mut ours_only = false;
     let mut etcd_only = false;
+    let mut profile: Option<(usize, f64)> = None;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
@@ -124,6 +126,24 @@ async fn main() -> anyhow::Result<()> {
             "--macro-overhead" => macro_overhead = true,
             "--ours-only" => ours_only = true,
             "--etcd-only" => etcd_only = true,
+            "--profile" => {
+                let which = match iter.next().map(String::as_str) {
+                    Some("raw") => 0,
+                    Some("ours") => 1,
+                    other => anyhow::bail!("--profile needs `ours` or `raw`, not {other:?}"),
+                };
+                let seconds = match iter.clone().next().map(|s| s.parse::<f64>()) {
+                    Some(Ok(seconds)) if seconds > 0.0 && seconds <= 600.0 => {
+                        iter.next();
+                        seconds
+                    }
+                    Some(Ok(seconds)) => {
+                        anyhow::bail!("--profile: {seconds} s is outside 0-600 s")
+                    }
+                    _ => 10.0,
+                };
+                profile = Some((which, seconds));
+            }
             "--table" => {
                 let path = iter.next().context("--table needs a results file")?;
                 let text =
@@ -135,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput or --macro-overhead, and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput, --macro-overhead or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -226,6 +246,22 @@ async fn main() -> anyhow::Result<()> {
     };
     println!("lock-bench ({} mode), redis-server at {url}\n", mode.name);
 
+    if let Some((which, seconds)) = profile {
+        // One implementation alone on row 2's 64 tasks, so a profiler attached to this
+        // process (`perf record -g -p PID`) sees only its pairs.
+        let (ours_runtime, impls) = implementations(&url).await?;
+        let imp = impls[which].clone();
+        println!(
+            "profiling {} with 64 tasks for {seconds} s; pid {}",
+            imp.name(),
+            std::process::id()
+        );
+        let (rate, pairs) =
+            rows::throughput(imp, 64, Duration::from_secs_f64(seconds), "profile").await?;
+        println!("{pairs} pairs, {rate:.0} pairs/s");
+        ours_runtime.shutdown().await;
+        return Ok(());
+    }
     if throughput_only {
         // For iterating on the hot path: rows 1 and 2 with their ratios, nothing written.
         let (ours_runtime, mut impls) = implementations(&url).await?;

@@ -31,7 +31,7 @@ pub(crate) fn held_lease(runtime_id: u64, key: &str) -> Option<Lease> {
     HELD.try_with(|held| {
         held.iter()
             .rev()
-            .find(|l| l.state.runtime_id == runtime_id && l.state.names.key == key)
+            .find(|l| l.state.runtime_id == runtime_id && l.state.names.key() == key)
             .cloned()
     })
     .ok()

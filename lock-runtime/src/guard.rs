@@ -83,7 +83,7 @@ impl LockGuard {
             .runtime
             .backend
             .extend(&[ExtendItem {
-                record: state.names.record.clone(),
+                record: state.names.record().to_owned(),
                 token: state.token.clone(),
                 ttl,
             }])
@@ -95,14 +95,14 @@ impl LockGuard {
         };
         if renewed {
             if !state.extend_validity(sent + ttl - drift(ttl).min(ttl)) {
-                tracing::warn!(key = %state.names.key, fence = ?state.known_fence(), "lock lost: the extension was answered after the lease ended");
+                tracing::warn!(key = %state.names.key(), fence = ?state.known_fence(), "lock lost: the extension was answered after the lease ended");
                 return Ok(false);
             }
-            tracing::debug!(key = %state.names.key, fence = ?state.known_fence(), ?ttl, "lease extended");
+            tracing::debug!(key = %state.names.key(), fence = ?state.known_fence(), ?ttl, "lease extended");
             Ok(true)
         } else {
             if state.mark_lost() {
-                tracing::warn!(key = %state.names.key, fence = ?state.known_fence(), "lock lost: extend found another owner");
+                tracing::warn!(key = %state.names.key(), fence = ?state.known_fence(), "lock lost: extend found another owner");
             }
             Ok(false)
         }
@@ -173,7 +173,7 @@ impl LockGuard {
             // included, is tried again in the background until the lease would have expired
             // anyway, as a dropped guard's is; the caller still hears of the failure.
             Err(e) if e.is_transient() => {
-                tracing::debug!(key = %state.names.key, fence = ?state.known_fence(), error = %e, "release failed; trying again in the background");
+                tracing::debug!(key = %state.names.key(), fence = ?state.known_fence(), error = %e, "release failed; trying again in the background");
                 drop(pending);
             }
             _ => pending.disarm(),
@@ -181,10 +181,10 @@ impl LockGuard {
         let outcome = outcome?;
         match outcome {
             ReleaseOutcome::NotOwner => {
-                tracing::debug!(key = %state.names.key, fence = ?state.known_fence(), "release: the lock was no longer ours");
+                tracing::debug!(key = %state.names.key(), fence = ?state.known_fence(), "release: the lock was no longer ours");
             }
             _ => {
-                tracing::debug!(key = %state.names.key, fence = ?state.known_fence(), ?outcome, "lock released");
+                tracing::debug!(key = %state.names.key(), fence = ?state.known_fence(), ?outcome, "lock released");
             }
         }
         Ok(match outcome {
@@ -214,7 +214,7 @@ impl Drop for LockGuard {
         });
         // A lease lost to the end of a shutdown grace period was released by the runtime.
         if !sent && !state.is_lost() {
-            tracing::warn!(key = %state.names.key, "lock runtime stopped; the lease will expire by its ttl");
+            tracing::warn!(key = %state.names.key(), "lock runtime stopped; the lease will expire by its ttl");
         }
     }
 }

@@ -241,7 +241,7 @@ impl TaskIdentity {
 impl Lease {
     /// The lock key, as given to `lock(key)` or built by the attribute (without namespace).
     pub fn key(&self) -> &str {
-        &self.state.names.key
+        self.state.names.key()
     }
 
     /// The random token (UUID v4 from the OS random source) that proves ownership of the
@@ -267,7 +267,7 @@ impl Lease {
     pub async fn fence(&self) -> Result<u64, LockError> {
         let state = &self.state;
         let lost = || LockError::Lost {
-            key: state.names.key.clone(),
+            key: state.names.key().to_owned(),
         };
         state
             .fence

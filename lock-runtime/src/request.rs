@@ -212,7 +212,7 @@ impl LockRequest {
 
     async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
         let inner = &self.runtime.inner;
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = inner.new_token();
         // Counted as work in flight until the attempt ends, so a shutdown that begins while it
         // is on its way waits for it: for its grant to be given back (the pending release
         // below, which counts itself before this drops: locals drop in reverse order) or
@@ -224,7 +224,7 @@ impl LockRequest {
         // the store may have granted it, a grant the caller will not get) releases the token in
         // the background. The release is token-checked, so it never touches anyone's lock.
         let pending = PendingRelease::new(inner, names, &token, None, ttl);
-        let label = inner.metric_label(&names.key);
+        let label = inner.metric_label(names.key());
         crate::metrics::attempt(&label);
         let sent = Instant::now();
         let outcome = inner
@@ -254,7 +254,7 @@ impl LockRequest {
                 if Instant::now() >= valid_until {
                     return Err(BackendError::transient(format!(
                         "lock `{}` was granted after its ttl ({ttl:?}) had passed; it was given back",
-                        names.key
+                        names.key()
                     ))
                     .into());
                 }
@@ -280,7 +280,7 @@ impl LockRequest {
                 }
                 pending.disarm();
                 crate::metrics::acquired(&state.label);
-                tracing::debug!(key = %names.key, ?fence, ?ttl, "lock acquired");
+                tracing::debug!(key = %names.key(), ?fence, ?ttl, "lock acquired");
                 Ok(Attempt::Acquired(LockGuard::new(
                     Lease { state },
                     inner.clone(),
@@ -290,12 +290,12 @@ impl LockRequest {
             AcquireOutcome::Held { pttl } => {
                 pending.disarm();
                 crate::metrics::contended(&label);
-                tracing::debug!(key = %names.key, ?pttl, "lock contended");
+                tracing::debug!(key = %names.key(), ?pttl, "lock contended");
                 Ok(Attempt::Busy(pttl))
             }
             AcquireOutcome::Done { pttl } => {
                 pending.disarm();
-                tracing::debug!(key = %names.key, ?pttl, "work already done for this key");
+                tracing::debug!(key = %names.key(), ?pttl, "work already done for this key");
                 Ok(Attempt::Done)
             }
         }
@@ -308,7 +308,7 @@ impl LockRequest {
         // Waiting for a lock this task holds through a guard waits for itself, unless the
         // guard was handed to another task that will release it (which cannot be told from
         // here, and is a fine pattern). Say so loudly rather than fail a legitimate program.
-        if inner.held_by_this_task(&names.record) {
+        if inner.held_by_this_task(names.record()) {
             tracing::warn!(
                 key = %self.key,
                 "this task already holds the lock it now waits for (through a LockGuard); unless \
@@ -345,7 +345,7 @@ impl LockRequest {
         // Waiters of one key in this runtime line up in FIFO order and only the head talks to
         // the store: a release wakes one attempt per runtime instead of one per waiting task,
         // and a task that just released cannot barge ahead of tasks already waiting.
-        let queue = self.runtime.inner.wait_queue(&names.record);
+        let queue = self.runtime.inner.wait_queue(names.record());
         let mut turn = match queue.clone().try_lock_owned() {
             Ok(turn) => {
                 // Nobody of ours is waiting: try at once. A transient error is retried below,
@@ -355,7 +355,7 @@ impl LockRequest {
                     Ok(Attempt::Done) => return Err(self.already_done()),
                     Ok(Attempt::Busy(_)) => {}
                     Err(e) if e.is_transient() => {
-                        tracing::debug!(key = %names.key, error = %e, "store unreachable; waiting and retrying");
+                        tracing::debug!(key = %names.key(), error = %e, "store unreachable; waiting and retrying");
                     }
                     Err(e) => return Err(e),
                 }
@@ -386,7 +386,7 @@ impl LockRequest {
                     match self.runtime.inner.backend.watch_releases(&names).await {
                         Ok(watch) => break watch,
                         Err(e) if e.is_transient() => {
-                            tracing::debug!(key = %names.key, error = %e, "cannot watch for releases yet; retrying");
+                            tracing::debug!(key = %names.key(), error = %e, "cannot watch for releases yet; retrying");
                             self.back_off(&mut backoff, deadline, started).await?;
                         }
                         Err(e) => return Err(e),
@@ -405,7 +405,7 @@ impl LockRequest {
                 // The store is unreachable for now (restart, failover, network): a waiter keeps
                 // waiting, retrying with a growing pause, until its deadline.
                 Err(e) if e.is_transient() => {
-                    tracing::debug!(key = %names.key, error = %e, "store unreachable while waiting; retrying");
+                    tracing::debug!(key = %names.key(), error = %e, "store unreachable while waiting; retrying");
                     self.back_off(&mut backoff, deadline, started).await?;
                     continue;
                 }

@@ -187,10 +187,10 @@ impl MemoryStore {
         } = request;
         let now = Instant::now();
         let mut state = self.state();
-        if once && let Some(pttl) = state.done_remaining(&names.done, now) {
+        if once && let Some(pttl) = state.done_remaining(names.done(), now) {
             return AcquireOutcome::Done { pttl: Some(pttl) };
         }
-        if let Some(held) = state.live(&names.record, now) {
+        if let Some(held) = state.live(names.record(), now) {
             return AcquireOutcome::Held {
                 pttl: Some(held.expires_at - now),
             };
@@ -198,7 +198,7 @@ impl MemoryStore {
         state.sweep(now);
         let fence = state.next_fence(now);
         state.records.insert(
-            names.record.clone(),
+            names.record().to_owned(),
             Record {
                 token: token.to_owned(),
                 owner: owner.to_owned(),
@@ -222,9 +222,9 @@ impl MemoryStore {
             let mut state = self.state();
             // As on Redis: the marker records that the work succeeded, ours or not any more.
             if let Some(retention) = done_retention {
-                state.done.insert(names.done.clone(), now + retention);
+                state.done.insert(names.done().to_owned(), now + retention);
             }
-            let Some(record) = state.live(&names.record, now) else {
+            let Some(record) = state.live(names.record(), now) else {
                 return ReleaseOutcome::NotOwner;
             };
             if record.token != token {
@@ -238,14 +238,14 @@ impl MemoryStore {
                 record.token = "released".to_owned();
                 ReleaseOutcome::KeptForMinHold
             } else {
-                state.records.remove(&names.record);
+                state.records.remove(names.record());
                 ReleaseOutcome::Released
             }
         };
         // Kept for min_hold too: waiters were told the holder's whole ttl, and ask again to
         // learn that the lock frees when min_hold ends.
         if outcome != ReleaseOutcome::NotOwner {
-            self.shared.hub.notify(&names.channel);
+            self.shared.hub.notify(names.channel());
         }
         outcome
     }
@@ -268,7 +268,7 @@ impl MemoryStore {
     fn inspect_now(&self, names: &KeyNames) -> Option<RecordView> {
         let now = Instant::now();
         let mut state = self.state();
-        state.live(&names.record, now).map(|r| r.view(now))
+        state.live(names.record(), now).map(|r| r.view(now))
     }
 
     fn list_now(&self, namespace: &str, pattern: &str) -> Vec<(String, RecordView)> {
@@ -290,12 +290,12 @@ impl MemoryStore {
         let removed = {
             let mut state = self.state();
             state
-                .live(&names.record, now)
+                .live(names.record(), now)
                 .is_some_and(|r| r.fence == fence)
-                && state.records.remove(&names.record).is_some()
+                && state.records.remove(names.record()).is_some()
         };
         if removed {
-            self.shared.hub.notify(&names.channel);
+            self.shared.hub.notify(names.channel());
         }
         removed
     }
@@ -305,7 +305,7 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.state();
         state.last_fence = state.last_fence.max(fence);
-        match state.live(&names.record, now) {
+        match state.live(names.record(), now) {
             Some(r) if r.token == token => {
                 r.fence = fence;
                 true
@@ -370,7 +370,7 @@ impl MemoryStore {
     }
 
     fn watch_releases_now(&self, names: &KeyNames) -> ReleaseWatch {
-        self.shared.hub.subscribe(&names.channel)
+        self.shared.hub.subscribe(names.channel())
     }
 }
 

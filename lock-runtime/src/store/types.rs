@@ -8,52 +8,94 @@ use super::QuorumView;
 /// Cluster hash tag, so all of them live in one slot and one script may touch them together.
 /// Other stores may use them as they are, or only [`record`](Self::record) (unique per
 /// namespace and key) and derive their own.
+///
+/// Cloning is cheap (the names are built once per request and shared by the lease, its
+/// releases and its renewals), and so is building them: the record (which holds the key) is
+/// written at once, the companions only when first asked for.
 #[derive(Debug, Clone)]
-pub struct KeyNames {
-    /// The key as the caller gave it.
-    pub(crate) key: String,
-    pub(crate) record: String,
-    pub(crate) fence: String,
-    pub(crate) done: String,
-    pub(crate) channel: String,
+pub struct KeyNames(std::sync::Arc<Names>);
+
+/// The names themselves, behind [`KeyNames`]' shared pointer.
+#[derive(Debug)]
+struct Names {
+    /// `<ns>:{<key>}`.
+    record: String,
+    /// Where the key starts in `record` (it ends one byte before the record does).
+    key_at: usize,
+    fence: std::sync::OnceLock<String>,
+    done: std::sync::OnceLock<String>,
+    channel: std::sync::OnceLock<String>,
 }
 
 impl KeyNames {
     /// The names of `key` in `namespace`.
     pub fn new(namespace: &str, key: &str) -> Self {
-        let record = format!("{namespace}:{{{key}}}");
-        KeyNames {
-            key: key.to_owned(),
-            fence: format!("{record}:fence"),
-            done: format!("{record}:done"),
-            channel: format!("{record}:released"),
+        let mut record = String::with_capacity(namespace.len() + key.len() + 3);
+        record.push_str(namespace);
+        record.push_str(":{");
+        record.push_str(key);
+        record.push('}');
+        KeyNames(std::sync::Arc::new(Names {
             record,
-        }
+            key_at: namespace.len() + 2,
+            fence: std::sync::OnceLock::new(),
+            done: std::sync::OnceLock::new(),
+            channel: std::sync::OnceLock::new(),
+        }))
     }
 
     /// The key as the caller gave it.
     pub fn key(&self) -> &str {
-        &self.key
+        let record = &self.0.record;
+        // Both ends are ASCII bytes placed by `new`, so the range is on char boundaries.
+        record
+            .get(self.0.key_at..record.len() - 1)
+            .unwrap_or_default()
     }
 
     /// The lock record: `<ns>:{<key>}`.
     pub fn record(&self) -> &str {
-        &self.record
+        &self.0.record
     }
 
     /// The fence counter: `<ns>:{<key>}:fence`.
     pub fn fence(&self) -> &str {
-        &self.fence
+        self.companion(&self.0.fence, ":fence")
     }
 
     /// The `once` marker: `<ns>:{<key>}:done`.
     pub fn done(&self) -> &str {
-        &self.done
+        self.companion(&self.0.done, ":done")
     }
 
     /// The channel releases are announced on: `<ns>:{<key>}:released`.
     pub fn channel(&self) -> &str {
-        &self.channel
+        self.companion(&self.0.channel, ":released")
+    }
+
+    fn companion<'a>(&'a self, slot: &'a std::sync::OnceLock<String>, suffix: &str) -> &'a str {
+        slot.get_or_init(|| format!("{}{suffix}", self.0.record))
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::KeyNames;
+
+    /// Every name, from a namespace and a key with braces, colons and non-ASCII text.
+    #[test]
+    fn names_are_the_record_and_its_companions() {
+        for (ns, key) in [("lock", "job"), ("a:b", "{x}:y"), ("", "ünï"), ("n", "")] {
+            let names = KeyNames::new(ns, key);
+            let record = format!("{ns}:{{{key}}}");
+            assert_eq!(names.key(), key);
+            assert_eq!(names.record(), record);
+            assert_eq!(names.fence(), format!("{record}:fence"));
+            assert_eq!(names.done(), format!("{record}:done"));
+            assert_eq!(names.channel(), format!("{record}:released"));
+            let copy = names.clone();
+            assert_eq!(copy.fence(), names.fence());
+        }
     }
 }
 

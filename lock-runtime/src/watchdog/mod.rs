@@ -263,7 +263,7 @@ impl Driver {
             let lease = entry.lease;
             // Marked as the shutdown's before its holder hears of it: the holder can tell.
             if lease.take_at_shutdown() {
-                tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), reason = "the runtime shut down and its grace period ended", "lock lost");
+                tracing::warn!(key = %lease.names.key(), fence = ?lease.known_fence(), reason = "the runtime shut down and its grace period ended", "lock lost");
             }
             // One try: the shutdown must end.
             self.spawn_release(ReleaseJob {
@@ -403,7 +403,7 @@ impl Driver {
                 None => entry.lease.ttl,
             };
             if renew_due && renew_ttl < Duration::from_millis(1) {
-                tracing::debug!(key = %entry.lease.names.key, "max_hold reached; renewals stop and the lease will expire");
+                tracing::debug!(key = %entry.lease.names.key(), "max_hold reached; renewals stop and the lease will expire");
                 entry.next_renew = None;
             } else if renew_due {
                 entry.in_flight = true;
@@ -431,7 +431,7 @@ impl Driver {
             let items: Vec<ExtendItem> = leases
                 .iter()
                 .map(|(l, ttl)| ExtendItem {
-                    record: l.names.record.clone(),
+                    record: l.names.record().to_owned(),
                     token: l.token.clone(),
                     ttl: *ttl,
                 })
@@ -473,7 +473,7 @@ impl Driver {
                         continue;
                     }
                     entry.next_renew = Some(report.sent + renew_interval(lease.ttl));
-                    tracing::trace!(key = %lease.names.key, fence = ?lease.known_fence(), "lease renewed");
+                    tracing::trace!(key = %lease.names.key(), fence = ?lease.known_fence(), "lease renewed");
                 }
                 Renewal::NotOurs => {
                     self.entries.remove(&lease.id);
@@ -490,7 +490,7 @@ impl Driver {
                     let retry =
                         (lease.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
                     entry.next_renew = Some(now + retry);
-                    tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), error = %e, "lease renewal failed; retrying");
+                    tracing::warn!(key = %lease.names.key(), fence = ?lease.known_fence(), error = %e, "lease renewal failed; retrying");
                 }
             }
             self.schedule(lease.id);
@@ -500,7 +500,7 @@ impl Driver {
 
 fn lose(lease: &LeaseState, why: &str) {
     if lease.mark_lost() {
-        tracing::warn!(key = %lease.names.key, fence = ?lease.known_fence(), reason = why, "lock lost");
+        tracing::warn!(key = %lease.names.key(), fence = ?lease.known_fence(), reason = why, "lock lost");
     }
 }
 

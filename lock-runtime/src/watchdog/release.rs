@@ -81,15 +81,15 @@ pub(super) async fn run_release(
         let released = backend.release(&job.names, &job.token, done_retention);
         let failure = match tokio::time::timeout(timeout, released).await {
             Ok(Ok(ReleaseOutcome::NotOwner)) => {
-                tracing::debug!(key = %job.names.key, "lock was no longer ours at release");
+                tracing::debug!(key = %job.names.key(), "lock was no longer ours at release");
                 return;
             }
             Ok(Ok(outcome)) => {
-                tracing::debug!(key = %job.names.key, ?outcome, "lock released in the background");
+                tracing::debug!(key = %job.names.key(), ?outcome, "lock released in the background");
                 return;
             }
             Ok(Err(e)) if !e.is_transient() => {
-                tracing::warn!(key = %job.names.key, error = %e, "release failed; the lease will expire by its ttl");
+                tracing::warn!(key = %job.names.key(), error = %e, "release failed; the lease will expire by its ttl");
                 return;
             }
             Ok(Err(e)) => e.to_string(),
@@ -100,10 +100,10 @@ pub(super) async fn run_release(
             .is_some_and(|until| Instant::now() + pause < until)
             && !stopping.is_set();
         if !again {
-            tracing::warn!(key = %job.names.key, error = %failure, "release failed; the lease will expire by its ttl");
+            tracing::warn!(key = %job.names.key(), error = %failure, "release failed; the lease will expire by its ttl");
             return;
         }
-        tracing::debug!(key = %job.names.key, error = %failure, "release failed; trying again");
+        tracing::debug!(key = %job.names.key(), error = %failure, "release failed; trying again");
         // Jittered: the releases that failed together (an outage) do not all come back at once.
         // A shutdown that begins meanwhile cuts the pause short: one last try at once, rather
         // than holding the shutdown up for the rest of the pause.

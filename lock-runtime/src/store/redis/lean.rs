@@ -70,15 +70,18 @@ impl RedisBackend {
         if self.lean_owner.get().is_none() {
             let _ = self.lean_owner.set(owner.to_owned());
         }
-        let context = || format!("acquire of `{}` failed", names.key);
+        let context = || format!("acquire of `{}` failed", names.key());
         let mut conn = self.conn.clone();
+        // One buffer, sized for the whole command.
+        let mut set = redis::Cmd::with_capacity(6, names.record().len() + value.len() + 32);
+        set.arg("SET")
+            .arg(names.record())
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis_ceil(ttl));
         for _ in 0..LEAN_TRIES {
-            let set: Value = redis::cmd("SET")
-                .arg(&names.record)
-                .arg(&value)
-                .arg("NX")
-                .arg("PX")
-                .arg(millis_ceil(ttl))
+            let set: Value = set
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.error(&context(), e))?;
@@ -89,7 +92,7 @@ impl RedisBackend {
             let reply: Vec<Value> = self
                 .scripts
                 .contended
-                .key(&names.record)
+                .key(names.record())
                 .arg(token)
                 .invoke_async(&mut conn)
                 .await
@@ -104,7 +107,7 @@ impl RedisBackend {
                 _ => {
                     return Err(BackendError::new(format!(
                         "acquire of `{}` got an unexpected reply from Redis",
-                        names.key
+                        names.key()
                     ))
                     .into());
                 }
@@ -140,13 +143,13 @@ impl RedisBackend {
         let reply: i64 = self
             .scripts
             .fence
-            .key(&names.record)
-            .key(&names.fence)
+            .key(names.record())
+            .key(names.fence())
             .arg(token)
             .arg(millis_ceil(super::fence_retention(ttl)))
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("fence of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("fence of `{}` failed", names.key()), e))?;
         Ok(u64::try_from(reply).ok())
     }
 }
@@ -154,7 +157,7 @@ impl RedisBackend {
 pub(super) fn foreign_error(names: &KeyNames, kind: &str) -> LockError {
     BackendError::new(format!(
         "Redis key `{}` holds a value of type `{kind}`, not a lock record; it was left untouched",
-        names.record
+        names.record()
     ))
     .into()
 }

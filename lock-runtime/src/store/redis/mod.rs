@@ -93,10 +93,10 @@ impl LockStore for RedisBackend {
             millis_ceil(min_hold).to_string(),
             if once { "1" } else { "0" }.to_owned(),
             millis_ceil(fence_retention(ttl)).to_string(),
-            names.channel.clone(),
+            names.channel().to_owned(),
             if self.sharded_pubsub { "1" } else { "0" }.to_owned(),
         ];
-        let keys = [&names.record, &names.fence, &names.done];
+        let keys = [names.record(), names.fence(), names.done()];
         if let Some((replicas, timeout)) = self.options.replicated {
             // EVAL, not EVALSHA: a NOSCRIPT here would need a second round trip on this path.
             let mut eval = redis::cmd("EVAL");
@@ -115,7 +115,7 @@ impl LockStore for RedisBackend {
         let reply: Vec<Value> = invocation
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("acquire of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("acquire of `{}` failed", names.key()), e))?;
         acquire_outcome(names, &reply)
     }
 
@@ -129,14 +129,14 @@ impl LockStore for RedisBackend {
         let reply = ReleaseCall::new(self, names, token, done_retention)
             .run(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("release of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("release of `{}` failed", names.key()), e))?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
             // Sent again after its connection broke: the first send was most likely carried
             // out and its answer lost.
             _ if conn.retried() => {
-                tracing::debug!(key = %names.key, "release: sent again after its connection broke, and the record was gone");
+                tracing::debug!(key = %names.key(), "release: sent again after its connection broke, and the record was gone");
                 ReleaseOutcome::GoneAfterRetry
             }
             _ => ReleaseOutcome::NotOwner,
@@ -156,14 +156,14 @@ impl LockStore for RedisBackend {
         let reply: i64 = self
             .scripts
             .raise_fence
-            .key(&names.record)
-            .key(&names.fence)
+            .key(names.record())
+            .key(names.fence())
             .arg(token)
             .arg(fence)
             .arg(millis_ceil(fence_retention(ttl)))
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("fence update of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("fence update of `{}` failed", names.key()), e))?;
         Ok(reply == 1)
     }
 
@@ -246,7 +246,7 @@ impl LockStore for RedisBackend {
             Read::Held(view) => Ok(Some(view)),
             Read::Foreign(kind) => Err(BackendError::new(format!(
                 "Redis key `{}` holds a value of type `{kind}`, not a lock record",
-                names.record
+                names.record()
             ))
             .into()),
         }
@@ -326,7 +326,7 @@ impl RedisBackend {
         replicas: usize,
         timeout: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        let context = format!("replicated acquire of `{}` failed", names.key);
+        let context = format!("replicated acquire of `{}` failed", names.key());
         let mut pipe = redis::pipe();
         pipe.add_command(eval)
             .cmd("WAIT")
@@ -379,7 +379,7 @@ impl RedisBackend {
         Err(BackendError::transient(format!(
             "lock `{}` was confirmed by {confirmed} of the {replicas} replicas required within \
              {timeout:?}; it was given back (replicated_acquire)",
-            names.key
+            names.key()
         ))
         .into())
     }
@@ -452,8 +452,7 @@ impl RedisBackend {
 /// The release script's call for one token, owned, so a task of its own can run it.
 struct ReleaseCall {
     scripts: Arc<Scripts>,
-    record: String,
-    done: String,
+    names: KeyNames,
     token: String,
     /// The record's value as a lean acquire of this token wrote it (the owner this store's
     /// lean acquires gave), or empty: the script's one-comparison case.
@@ -472,8 +471,7 @@ impl ReleaseCall {
     ) -> Self {
         ReleaseCall {
             scripts: backend.scripts.clone(),
-            record: names.record.clone(),
-            done: names.done.clone(),
+            names: names.clone(),
             token: token.to_owned(),
             lean_value: backend
                 .lean_owner
@@ -485,15 +483,25 @@ impl ReleaseCall {
     }
 
     async fn run<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<i64> {
-        let mut invocation = self.scripts.release.key(&self.record);
-        invocation
-            .arg(&self.token)
+        let once = self.done_retention_ms > 0;
+        let record = self.names.record();
+        let mut call = scripts::evalsha(
+            &self.scripts.release,
+            if once { 2 } else { 1 },
+            5,
+            record.len() + self.token.len() + self.lean_value.len() + 32,
+        );
+        call.arg(record);
+        if once {
+            call.arg(self.names.done());
+        }
+        call.arg(&self.token)
             .arg(&self.lean_value)
             .arg(if self.sharded { "1" } else { "0" });
-        if self.done_retention_ms > 0 {
-            invocation.key(&self.done).arg(self.done_retention_ms);
+        if once {
+            call.arg(self.done_retention_ms);
         }
-        invocation.invoke_async(conn).await
+        scripts::run(&self.scripts.release, &call, conn).await
     }
 }
 

@@ -62,10 +62,10 @@ impl RedisBackend {
         let reply: Vec<Value> = self
             .scripts
             .inspect
-            .key(&names.record)
+            .key(names.record())
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("inspect of `{}` failed", names.key()), e))?;
         match reply.as_slice() {
             [] => Ok(Read::Free),
             [tag, kind] if value_text(tag) == "foreign" => Ok(Read::Foreign(value_text(kind))),
@@ -92,7 +92,7 @@ impl RedisBackend {
             }
             _ => Err(BackendError::new(format!(
                 "inspect of `{}` got an unexpected reply from Redis",
-                names.key
+                names.key()
             ))
             .into()),
         }
@@ -154,14 +154,14 @@ impl RedisBackend {
         let removed: i64 = self
             .scripts
             .force_release
-            .key(&names.record)
+            .key(names.record())
             .arg(by)
             .arg(what)
-            .arg(&names.channel)
+            .arg(names.channel())
             .arg(if self.sharded_pubsub { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.error(&format!("forced release of `{}` failed", names.key), e))?;
+            .map_err(|e| self.error(&format!("forced release of `{}` failed", names.key()), e))?;
         match removed {
             1 => Ok(true),
             // Sent again after its connection broke: the first send most likely removed it,
@@ -171,7 +171,7 @@ impl RedisBackend {
             0 => Ok(false),
             _ => Err(BackendError::new(format!(
                 "Redis key `{}` holds a value that is not a lock record; it was left untouched",
-                names.record
+                names.record()
             ))
             .into()),
         }

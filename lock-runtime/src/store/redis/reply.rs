@@ -15,7 +15,7 @@ pub(super) fn acquire_outcome(
     let bad = || {
         LockError::from(BackendError::new(format!(
             "acquire of `{}` got an unexpected reply from Redis",
-            names.key
+            names.key()
         )))
     };
     match reply {
@@ -30,7 +30,7 @@ pub(super) fn acquire_outcome(
         }),
         [Value::Int(3), kind] => Err(BackendError::new(format!(
             "Redis key `{}` holds a value of type `{}`, not a lock record; it was left untouched",
-            names.record,
+            names.record(),
             value_text(kind)
         ))
         .into()),

@@ -1,6 +1,7 @@
 //! The Lua scripts of the store (`lua/`), each run by SHA and reloaded on NOSCRIPT.
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 /// The acquire script's text: `replicated_acquire` sends it with EVAL. The scripts that read a
 /// record's fields start with `record.lua`, its one parser.
@@ -62,5 +63,30 @@ impl Scripts {
             &self.fence,
             &self.contended,
         ]
+    }
+}
+
+/// `EVALSHA <script> <keys>`, with room for `args` more arguments of about `bytes` bytes in
+/// all: the caller adds the keys, then the arguments. One buffer for the whole call, where a
+/// `ScriptInvocation` allocates one per argument and copies them again into its command.
+pub(super) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Sends `call` (made by [`evalsha`] for `script`); on NOSCRIPT (a server restarted or
+/// flushed since the scripts were loaded) loads the script and sends it again.
+pub(super) async fn run<T: FromRedisValue, C: ConnectionLike>(
+    script: &Script,
+    call: &Cmd,
+    conn: &mut C,
+) -> RedisResult<T> {
+    match call.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            call.query_async(conn).await
+        }
+        other => other,
     }
 }

@@ -28,8 +28,8 @@ impl RedisBackend {
             .subscriber
             .get_or_try_init(|| self.start_subscriber())
             .await
-            .map_err(|e| self.error(&format!("cannot wait for `{}`", names.key), e))?;
-        subscriber.watch(&names.channel).await
+            .map_err(|e| self.error(&format!("cannot wait for `{}`", names.key()), e))?;
+        subscriber.watch(names.channel()).await
     }
 
     /// Opens the runtime's one subscription connection and hands it to a [`Subscriber`] task,

@@ -320,7 +320,7 @@ impl LockStore for RedlockBackend {
             if stamped >= self.quorum && !valid.is_zero() {
                 return Ok(AcquireOutcome::Acquired { fence });
             }
-            tracing::debug!(key = %names.key, stamped, "redlock fence could not be set on a quorum; giving the lock back");
+            tracing::debug!(key = %names.key(), stamped, "redlock fence could not be set on a quorum; giving the lock back");
             // Members that cannot lift fences at all (a store without `raise_fence`) must
             // say so rather than look like a lock that is always held.
             let refused: Vec<NodeError> = lifted
@@ -333,7 +333,7 @@ impl LockStore for RedlockBackend {
                 return Err(self.failure(
                     format!(
                         "redlock: the fence of `{}` could not be lifted on a quorum: {}",
-                        names.key,
+                        names.key(),
                         joined(&refused)
                     ),
                     &refused,
@@ -358,7 +358,7 @@ impl LockStore for RedlockBackend {
                 format!(
                     "redlock: only {} of {n} masters answered for `{}`, a quorum is {} ({} granted, {} held); failures: {}",
                     n - errors.len(),
-                    names.key,
+                    names.key(),
                     self.quorum,
                     fences.len(),
                     held_pttls.len(),
@@ -414,7 +414,7 @@ impl LockStore for RedlockBackend {
             Err(self.failure(
                 format!(
                     "redlock release of `{}` reached too few masters: {}",
-                    names.key,
+                    names.key(),
                     joined(&errors)
                 ),
                 &errors,

@@ -31,7 +31,7 @@ impl RedlockBackend {
                 Err(e) => errors.push(e),
             }
         }
-        self.enough_answered(&format!("inspect of `{}`", names.key), &errors)?;
+        self.enough_answered(&format!("inspect of `{}`", names.key()), &errors)?;
         Ok(combine_one(views, errors.len(), self.nodes.len())
             .filter(|view| view.quorum.is_some_and(|q| q.agreeing >= self.quorum)))
     }
@@ -115,7 +115,7 @@ impl RedlockBackend {
                 Err(e) => errors.push(e),
             }
         }
-        self.enough_answered(&format!("forced release of `{}`", names.key), &errors)?;
+        self.enough_answered(&format!("forced release of `{}`", names.key()), &errors)?;
         Ok(removed)
     }
 }

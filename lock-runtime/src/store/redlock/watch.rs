@@ -57,7 +57,7 @@ impl RedlockBackend {
             // simulation, seed 3: they gave up at once).
             let message = format!(
                 "cannot wait for `{}`: no redlock member accepted the watch: {}",
-                names.key,
+                names.key(),
                 joined(&errors)
             );
             return Err(if errors.iter().any(|e| e.transient) {
