@@ -244,8 +244,8 @@ impl Lease {
         self.state.names.key()
     }
 
-    /// The random token (UUID v4 from the OS random source) that proves ownership of the
-    /// record in the store.
+    /// The token that proves ownership of the record in the store: 32 hex digits, 64 of its
+    /// bits drawn from the operating system's random source for this lease alone.
     pub fn token(&self) -> &str {
         &self.state.token
     }

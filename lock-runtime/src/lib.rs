@@ -69,6 +69,7 @@ mod request;
 mod runtime;
 mod schedule;
 pub mod store;
+mod token;
 mod watchdog;
 
 pub use builder::LockRuntimeBuilder;

@@ -212,7 +212,7 @@ impl LockRequest {
 
     async fn attempt(&self, names: &KeyNames, ttl: Duration) -> Result<Attempt, LockError> {
         let inner = &self.runtime.inner;
-        let token = inner.new_token();
+        let token = inner.new_token()?;
         // Counted as work in flight until the attempt ends, so a shutdown that begins while it
         // is on its way waits for it: for its grant to be given back (the pending release
         // below, which counts itself before this drops: locals drop in reverse order) or

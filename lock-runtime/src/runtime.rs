@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::config::check_name;
 use crate::lease::{LeaseState, TaskIdentity};
 use crate::store::{KeyNames, ReleaseWatch, SharedBackend};
+use crate::token::TokenSource;
 use crate::watchdog::WatchdogHandle;
 use crate::{LockError, LockInfo, LockRequest};
 
@@ -79,8 +80,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) owner: String,
     pub(crate) watchdog: WatchdogHandle,
     next_lease: AtomicU64,
-    /// Where this runtime's lease tokens come from (see [`RuntimeInner::new_token`]).
-    tokens: (u64, AtomicU64),
+    /// Where this runtime's lease tokens come from.
+    tokens: TokenSource,
     shut_down: AtomicBool,
     /// Turns true when `shutdown` starts; waiters watch it.
     shutdown_signal: tokio::sync::watch::Sender<bool>,
@@ -96,21 +97,9 @@ pub(crate) struct RuntimeInner {
 }
 
 impl RuntimeInner {
-    /// A new lease token: 32 hex digits, this runtime's random 64-bit prefix and the next
-    /// value of a counter that started at a random 64-bit value. Unique within the runtime
-    /// (the counter repeats only after 2^64 tokens), and between two runtimes unless both
-    /// 64-bit random draws collide. One random draw per runtime instead of one system call per
-    /// acquire.
-    pub(crate) fn new_token(&self) -> String {
-        let n = self.tokens.1.fetch_add(1, Ordering::Relaxed);
-        let mut token = String::with_capacity(32);
-        for word in [self.tokens.0, n] {
-            for shift in (0..16).rev() {
-                let digit = ((word >> (shift * 4)) & 0xf) as u32;
-                token.push(char::from_digit(digit, 16).unwrap_or('0'));
-            }
-        }
-        token
+    /// A new lease token (see [`TokenSource`]).
+    pub(crate) fn new_token(&self) -> Result<String, LockError> {
+        self.tokens.next()
     }
 
     pub(crate) fn next_lease_id(&self) -> u64 {
@@ -211,10 +200,7 @@ impl LockRuntime {
                 owner,
                 watchdog,
                 next_lease: AtomicU64::new(1),
-                tokens: {
-                    let (prefix, start) = uuid::Uuid::new_v4().as_u64_pair();
-                    (prefix, AtomicU64::new(start))
-                },
+                tokens: TokenSource::new(),
                 shut_down: AtomicBool::new(false),
                 shutdown_signal: tokio::sync::watch::Sender::new(false),
                 shutdown_grace,
@@ -449,41 +435,5 @@ impl std::hash::Hash for RecordKey {
 impl std::borrow::Borrow<str> for RecordKey {
     fn borrow(&self) -> &str {
         self.0.record()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::{LockRuntime, MemoryStore};
-
-    /// Tokens are 32 lowercase hex digits, never repeat within a runtime, and two runtimes
-    /// draw different prefixes.
-    #[tokio::test]
-    async fn tokens_are_hex_and_unique() {
-        let a = LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .build()
-            .await
-            .expect("a runtime");
-        let b = LockRuntime::builder()
-            .memory(MemoryStore::new())
-            .build()
-            .await
-            .expect("a runtime");
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..1000 {
-            let token = a.inner.new_token();
-            assert_eq!(token.len(), 32, "{token}");
-            assert!(
-                token
-                    .bytes()
-                    .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
-                "{token}"
-            );
-            assert!(seen.insert(token));
-        }
-        assert_ne!(a.inner.new_token()[..16], b.inner.new_token()[..16]);
-        a.shutdown().await;
-        b.shutdown().await;
     }
 }

@@ -488,7 +488,8 @@ impl ReleaseCall {
         let mut call = scripts::evalsha(
             &self.scripts.release,
             if once { 2 } else { 1 },
-            5,
+            // The token, the lean value, the sharded flag and, for `once`, the retention.
+            if once { 4 } else { 3 },
             record.len() + self.token.len() + self.lean_value.len() + 32,
         );
         call.arg(record);
