@@ -119,7 +119,8 @@ pub struct Holding {
     pub min_hold: Option<(u64, u64)>,
     /// Completed (`once`): sent, answered, retention (us).
     pub completed: Option<(u64, u64, u64)>,
-    /// Handed out after its process's `shutdown()` began.
+    /// Handed out after its process's `shutdown()` began. A lease handed over late whose
+    /// grant line never came is kept with fence 0 and an empty interval at 0.
     pub after_shutdown: bool,
 }
 
@@ -140,8 +141,8 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
     // The token's latest holding; a token granted twice keeps both (the checker counts it).
     let mut latest: HashMap<String, usize> = HashMap::new();
     let mut shut_down = false;
-    // Per token, whether the shutdown had begun when the acquire handed it over.
-    let mut handed: HashMap<String, bool> = HashMap::new();
+    // Per token, its key and whether the shutdown had begun when the acquire handed it over.
+    let mut handed: HashMap<String, (String, bool)> = HashMap::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         match fields.as_slice() {
@@ -160,7 +161,7 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                     ops: Vec::new(),
                     min_hold: None,
                     completed: None,
-                    after_shutdown: handed.remove(*token).unwrap_or(shut_down),
+                    after_shutdown: handed.remove(*token).map_or(shut_down, |(_, late)| late),
                 });
             }
             ["M", _, token, sent, min_hold] => {
@@ -180,8 +181,8 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
                     holdings[i].completed = Some((sent, answered, retention));
                 }
             }
-            ["H", _, token] => {
-                handed.insert(token.to_string(), shut_down);
+            ["H", key, token] => {
+                handed.insert(token.to_string(), (key.to_string(), shut_down));
             }
             ["S", _] => shut_down = true,
             ["W", _, token, t] => {
@@ -215,6 +216,30 @@ pub fn read_log(path: &Path, pid: u32) -> std::io::Result<Vec<Holding>> {
             // A torn last line of a killed process.
             _ => {}
         }
+    }
+    // Handed over after the shutdown began, with no grant line after: its fence call failed
+    // or its first check found it lost, but it was handed out late all the same. Fence 0 and
+    // an interval ending at 0 keep it out of the overlap, refusal and window checks (fences
+    // start at 1, stamps are later than 0).
+    let mut late: Vec<(String, String)> = handed
+        .into_iter()
+        .filter(|(_, (_, late))| *late)
+        .map(|(token, (key, _))| (key, token))
+        .collect();
+    late.sort();
+    for (key, token) in late {
+        holdings.push(Holding {
+            pid,
+            key,
+            token,
+            fence: 0,
+            start_us: 0,
+            end_us: 0,
+            ops: Vec::new(),
+            min_hold: None,
+            completed: None,
+            after_shutdown: true,
+        });
     }
     Ok(holdings)
 }
@@ -305,7 +330,7 @@ pub fn check(holdings: &[Holding], failovers: &[Failover]) -> Report {
     }
     for h in holdings.iter().filter(|h| h.after_shutdown) {
         report.violations.push(format!(
-            "key {}: pid {} was handed a lease (fence {}) after its shutdown() began",
+            "key {}: pid {} was handed a lease (fence {}; 0: no grant line) after its shutdown() began",
             h.key, h.pid, h.fence
         ));
     }
@@ -467,23 +492,43 @@ mod tests {
     /// the `S` line still is, and so is a `G` with no `H` line after an `S`.
     #[test]
     fn a_fence_answered_after_the_shutdown_began_is_not_a_late_grant() {
-        let dir = std::env::temp_dir().join(format!("exclusion-h-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temp dir");
-        let path = dir.join("log");
-        std::fs::write(
-            &path,
+        let holdings = read_text(
+            "h",
             "H k1 early\nS 100\nG k1 7 early 120\nE k1 early 130\n\
              H k2 late\nG k2 3 late 140\nE k2 late 150\nG k3 4 bare 160\n",
-        )
-        .expect("the log written");
-        let holdings = read_log(&path, 1).expect("the log read");
+        );
         let late: Vec<&str> = holdings
             .iter()
             .filter(|h| h.after_shutdown)
             .map(|h| h.token.as_str())
             .collect();
         assert_eq!(late, ["late", "bare"]);
+    }
+
+    /// `text` read as the event log of pid 1, through a file as the soak reads it.
+    fn read_text(name: &str, text: &str) -> Vec<Holding> {
+        let dir = std::env::temp_dir().join(format!("exclusion-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let path = dir.join("log");
+        std::fs::write(&path, text).expect("the log written");
+        let holdings = read_log(&path, 1).expect("the log read");
         let _ = std::fs::remove_dir_all(&dir);
+        holdings
+    }
+
+    /// A lease handed over after the shutdown began whose grant line never came (the fence
+    /// asked of the store failed, or the first validity check found it lost) was still handed
+    /// out late: the checker reports it, and the lease stands apart from every other check.
+    #[test]
+    fn a_late_handover_without_a_grant_line_is_reported() {
+        let holdings = read_text(
+            "h-only",
+            "H k1 lost\nG k2 1 ok 50\nE k2 ok 60\nS 100\nH k1 late\n",
+        );
+        let report = check(&holdings, &[]);
+        assert_eq!(report.violations.len(), 1, "{report:?}");
+        assert!(report.violations[0].contains("k1"), "{report:?}");
+        assert_eq!(report.duplicate_tokens, 0, "{report:?}");
     }
 
     /// The checker must be able to fail: an overlap with no failover behind it is a
