@@ -10,7 +10,7 @@
 //! cargo run --release -p lock-bench -- --etcd-only [--quick]  # the etcd rows alone, printed
 //! cargo run -p lock-bench -- --table results.json       # the table of docs/benchmarks.md from a results file
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
-//! cargo run --release -p lock-bench -- --macro-overhead [--quick] [--json PATH]  # row 6 taken apart
+//! cargo run --release -p lock-bench -- --macro-overhead [--redis] [--quick] [--json PATH]  # row 6 taken apart
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
 //! cargo run --release -p lock-bench -- --profile ours|raw [SECONDS]  # row 2 of one implementation, for perf
 //! ```
@@ -113,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
     let mut script_costs = false;
     let mut throughput_only = false;
     let mut macro_overhead = false;
+    let mut on_redis = false;
     let mut ours_only = false;
     let mut etcd_only = false;
     let mut profile: Option<(usize, f64)> = None;
@@ -124,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             "--script-costs" => script_costs = true,
             "--throughput" => throughput_only = true,
             "--macro-overhead" => macro_overhead = true,
+            "--redis" => on_redis = true,
             "--ours-only" => ours_only = true,
             "--etcd-only" => etcd_only = true,
             "--profile" => {
@@ -155,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput, --macro-overhead or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput, --macro-overhead [--redis] or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -182,10 +184,16 @@ async fn main() -> anyhow::Result<()> {
         } else {
             (15, Duration::from_millis(500))
         };
-        let found = overhead::breakdown(rounds, slice).await?;
+        let server = if on_redis {
+            Some(RedisServer::start())
+        } else {
+            None
+        };
+        let found = overhead::breakdown(rounds, slice, server.as_ref()).await?;
         if let Some(path) = json_path {
             let report = json!({
                 "mode": mode.name,
+                "store": if on_redis { "redis" } else { "memory" },
                 "rounds": rounds,
                 "slice_ms": ms(slice),
                 "try_acquire_future_bytes": found.acquire_future_bytes,

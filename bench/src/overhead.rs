@@ -4,6 +4,7 @@
 //! runtime's task-local scope, the tracing span, the two boxed store calls) or is the
 //! attribute itself, scoped as in row 6 or through the installed runtime. One task, fresh
 //! process (no earlier rows), the variants rotating between rounds; median ns per pair.
+//! `--redis` runs the same variants against a private redis-server.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -99,12 +100,21 @@ pub(crate) struct Breakdown {
     pub(crate) acquire_future_bytes: usize,
 }
 
-/// Measures and prints the breakdown.
-pub(crate) async fn breakdown(rounds: usize, slice: Duration) -> anyhow::Result<Breakdown> {
-    let runtime = LockRuntime::builder()
-        .memory(MemoryStore::new())
-        .build()
-        .await?;
+/// Measures and prints the breakdown: on the memory store, or on `redis` when given (where a
+/// pair is a round trip or two and the fixed costs show only as a share of it).
+pub(crate) async fn breakdown(
+    rounds: usize,
+    slice: Duration,
+    redis: Option<&lock_tests::RedisServer>,
+) -> anyhow::Result<Breakdown> {
+    let builder = LockRuntime::builder();
+    let (runtime, store) = match redis {
+        Some(server) => (builder.redis(server.url()).build().await?, "redis"),
+        None => (
+            builder.memory(MemoryStore::new()).build().await?,
+            "memory store",
+        ),
+    };
     runtime.clone().install()?;
     let runtime = Arc::new(runtime);
     let (acquire_size, release_size, attribute_size) = {
@@ -141,7 +151,7 @@ pub(crate) async fn breakdown(rounds: usize, slice: Duration) -> anyhow::Result<
         .map(|((_, label), samples)| (*label, crate::rows::median(samples)))
         .collect();
     let base = medians[0].1;
-    println!("memory store, 1 task, median of {rounds} rounds of {slice:?}:");
+    println!("{store}, 1 task, median of {rounds} rounds of {slice:?}:");
     for (label, ns) in &medians {
         println!(
             "  {label:<38} {ns:>8.0} ns/pair  (+{:>5.0} ns; {:.3}x the programmatic rate)",
