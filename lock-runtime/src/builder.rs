@@ -264,6 +264,16 @@ impl LockRuntimeBuilder {
         self.store(EtcdStore::new(endpoints))
     }
 
+    /// Lock in ZooKeeper (cargo feature `zookeeper`): the ensemble's connect string,
+    /// `host:port,host:port[/chroot]`. One TTL node per held lock (the servers must run with
+    /// `-Dzookeeper.extendedTypesEnabled=true`, ZooKeeper 3.5.3 or newer), fences from the
+    /// record's creation zxid, expiry on the server's clock, waiting by watches. For digest
+    /// authentication see [`ZooKeeperStore::digest`](crate::ZooKeeperStore::digest).
+    #[cfg(feature = "zookeeper")]
+    pub fn zookeeper(self, connect: impl Into<String>) -> Self {
+        self.store(crate::ZooKeeperStore::new(connect))
+    }
+
     /// Deprecated: moved to [`EtcdStore::user`](crate::EtcdStore::user); use
     /// `.store(EtcdStore::new(endpoints).user(user, password))`. Forwards to it (a value set on the
     /// store itself wins); it will be removed in the next release.

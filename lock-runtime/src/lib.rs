@@ -169,6 +169,8 @@ pub use schedule::{Firing, JobInfo, MARKER_LIFE, SKEW_BOUND, Scheduler, current_
 pub use store::EtcdStore;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
+#[cfg(feature = "zookeeper")]
+pub use store::ZooKeeperStore;
 pub use store::{MemoryStore, RedisClusterStore, RedisStore, RedlockStore};
 
 /// The project README's code blocks, compiled and run as doctests so it cannot drift.

@@ -297,7 +297,7 @@ impl EtcdCluster {
 
 /// `count` free loopback ports, all different: each is held until all are found (one port
 /// chosen, freed and chosen again would give a cluster two members on one URL).
-fn distinct_free_ports(count: usize) -> Vec<u16> {
+pub(crate) fn distinct_free_ports(count: usize) -> Vec<u16> {
     let listeners: Vec<std::net::TcpListener> = (0..count)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port"))
         .collect();

@@ -18,6 +18,7 @@ pub mod sim;
 pub mod store;
 pub mod wake;
 pub mod with_server;
+pub mod zookeeper;
 
 pub use etcd::EtcdCluster;
 pub use lock_testkit::Free;
@@ -28,3 +29,4 @@ pub use proxy::FaultProxy;
 pub use runtimes::{Built, TakeFree, acquire_in_task, builder_for, proxied_redis, redis_runtime};
 pub use server::{RedisCluster, RedisServer, SentinelSet, query};
 pub use store::TestStore;
+pub use zookeeper::ZooKeeperEnsemble;

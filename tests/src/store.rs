@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lock_runtime::{LockRuntime, MemoryStore, RedisStore, RedlockStore};
 
-use crate::{EtcdCluster, OnDemandFences, PostgresServer, RedisCluster, RedisServer, SentinelSet};
+use crate::{
+    EtcdCluster, OnDemandFences, PostgresServer, RedisCluster, RedisServer, SentinelSet,
+    ZooKeeperEnsemble,
+};
 
 /// Where the behaviour suite locks.
 #[derive(Debug)]
@@ -31,6 +34,8 @@ pub enum TestStore {
     Postgres(PostgresServer),
     /// An etcd cluster started for the test (one member, or three).
     Etcd(EtcdCluster),
+    /// A ZooKeeper ensemble started for the test (one member, or three).
+    ZooKeeper(ZooKeeperEnsemble),
 }
 
 static NEXT_OWNER: AtomicUsize = AtomicUsize::new(1);
@@ -86,6 +91,16 @@ impl TestStore {
         TestStore::Etcd(EtcdCluster::start(3))
     }
 
+    /// A fresh one-member ZooKeeper.
+    pub fn zookeeper() -> Self {
+        TestStore::ZooKeeper(ZooKeeperEnsemble::start(1))
+    }
+
+    /// A fresh three-member ZooKeeper ensemble.
+    pub fn zookeeper_ensemble() -> Self {
+        TestStore::ZooKeeper(ZooKeeperEnsemble::start(3))
+    }
+
     /// Five fresh redis-servers for Redlock.
     pub fn redlock() -> Self {
         TestStore::Redlock((0..5).map(|_| RedisServer::start()).collect())
@@ -111,6 +126,7 @@ impl TestStore {
             ),
             TestStore::Postgres(server) => builder.postgres(server.url()),
             TestStore::Etcd(cluster) => builder.etcd(cluster.endpoints()),
+            TestStore::ZooKeeper(ensemble) => builder.zookeeper(ensemble.connect_string()),
         };
         builder.built().await
     }
@@ -143,6 +159,16 @@ impl TestStore {
                     .delete(format!("lock:{{{key}}}"), None)
                     .await
                     .expect("delete of a lock key");
+            }
+            TestStore::ZooKeeper(ensemble) => {
+                let client = zookeeper_client::Client::connect(&ensemble.connect_string())
+                    .await
+                    .expect("connecting to the test ZooKeeper");
+                let node = crate::zookeeper::record_node(&format!("lock:{{{key}}}"));
+                match client.delete(&node, None).await {
+                    Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                    Err(e) => panic!("delete of {node}: {e}"),
+                }
             }
         }
     }
@@ -186,8 +212,16 @@ impl lock_testkit::Harness for TestStore {
         TestStore::delete_record(self, key)
     }
 
+    fn keeps_history(&self) -> bool {
+        // The ZooKeeper store keeps no run history yet.
+        !matches!(self, TestStore::ZooKeeper(_))
+    }
+
     fn clock_granularity(&self) -> std::time::Duration {
         match self {
+            // Fine to the millisecond, but the expiry of a record nobody takes over comes
+            // from the server's sweep of TTL nodes (every 100 ms in the tests).
+            TestStore::ZooKeeper(_) => std::time::Duration::from_millis(300),
             // Whole-second leases, expired in sweeps every 500 ms.
             TestStore::Etcd(_) => std::time::Duration::from_millis(1500),
             _ => std::time::Duration::ZERO,

@@ -64,6 +64,13 @@ impl IntoStore for PostgresStore {
     }
 }
 
+#[cfg(feature = "zookeeper")]
+impl IntoStore for super::kinds::ZooKeeperStore {
+    fn into_choice(self) -> Chosen {
+        Chosen(StoreChoice::ZooKeeper(self))
+    }
+}
+
 #[cfg(feature = "etcd")]
 impl IntoStore for EtcdStore {
     fn into_choice(self) -> Chosen {
@@ -81,6 +88,8 @@ pub(crate) enum StoreChoice {
     Postgres(PostgresStore),
     #[cfg(feature = "etcd")]
     Etcd(EtcdStore),
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(super::kinds::ZooKeeperStore),
 }
 
 /// The store-specific options a builder was given through its deprecated setters, applied to
@@ -121,6 +130,8 @@ impl StoreChoice {
             StoreChoice::Postgres(_) => "postgres",
             #[cfg(feature = "etcd")]
             StoreChoice::Etcd(_) => "etcd",
+            #[cfg(feature = "zookeeper")]
+            StoreChoice::ZooKeeper(_) => "zookeeper",
         }
     }
 
@@ -148,6 +159,8 @@ impl StoreChoice {
             StoreChoice::Postgres(p) => format!("postgres({})", p.target.shown()),
             #[cfg(feature = "etcd")]
             StoreChoice::Etcd(e) => format!("etcd({})", shown_urls(&e.endpoints)),
+            #[cfg(feature = "zookeeper")]
+            StoreChoice::ZooKeeper(z) => format!("zookeeper({})", z.connect),
         }
     }
 
@@ -220,6 +233,16 @@ impl StoreChoice {
                     tls_root_cert,
                     connect_timeout,
                     command_timeout,
+                }))
+                .await?;
+                Backend::bounded(store, command_timeout)
+            }
+            #[cfg(feature = "zookeeper")]
+            StoreChoice::ZooKeeper(super::kinds::ZooKeeperStore { connect, digest }) => {
+                let store = Box::pin(super::ZooKeeperBackend::connect(super::ZooKeeperOptions {
+                    connect,
+                    digest: digest.map(|(user, password)| format!("{user}:{password}")),
+                    connect_timeout,
                 }))
                 .await?;
                 Backend::bounded(store, command_timeout)

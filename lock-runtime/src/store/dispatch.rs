@@ -170,9 +170,9 @@ impl Backend {
         Self::built_in(store, None)
     }
 
-    /// A built-in store (PostgreSQL, etcd) each of whose calls the runtime cuts off after
-    /// `timeout`, the command timeout.
-    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    /// A built-in store (PostgreSQL, etcd, ZooKeeper) each of whose calls the runtime cuts off
+    /// after `timeout`, the command timeout.
+    #[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
     pub(crate) fn bounded(store: impl LockStore + std::fmt::Debug, timeout: Duration) -> Self {
         Self::built_in(store, Some(timeout))
     }

@@ -248,6 +248,50 @@ impl EtcdStore {
     }
 }
 
+/// A ZooKeeper ensemble (cargo feature `zookeeper`); the store of
+/// [`LockRuntimeBuilder::zookeeper`](crate::LockRuntimeBuilder::zookeeper).
+///
+/// ```
+/// # use lock_runtime::{LockRuntime, ZooKeeperStore};
+/// let builder = LockRuntime::builder()
+///     .store(ZooKeeperStore::new("10.0.0.1:2181,10.0.0.2:2181/jobs").digest("locks", "secret"));
+/// ```
+#[cfg(feature = "zookeeper")]
+#[derive(Clone)]
+pub struct ZooKeeperStore {
+    pub(super) connect: String,
+    pub(super) digest: Option<(String, String)>,
+}
+
+#[cfg(feature = "zookeeper")]
+impl ZooKeeperStore {
+    /// The ensemble's connect string, `host:port,host:port[/chroot]`; see
+    /// [`LockRuntimeBuilder::zookeeper`](crate::LockRuntimeBuilder::zookeeper).
+    pub fn new(connect: impl Into<String>) -> Self {
+        ZooKeeperStore {
+            connect: connect.into(),
+            digest: None,
+        }
+    }
+
+    /// Authenticate the session with ZooKeeper's `digest` scheme as `user` with `password`
+    /// (never printed).
+    pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+impl std::fmt::Debug for ZooKeeperStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperStore")
+            .field("connect", &self.connect)
+            .field("user", &self.digest.as_ref().map(|(user, _)| user))
+            .finish_non_exhaustive()
+    }
+}
+
 pub(super) fn shown_urls(urls: &[String]) -> String {
     urls.iter()
         .map(|u| redact_url(u))

@@ -23,6 +23,8 @@ mod pubsub;
 mod redis;
 mod redlock;
 mod types;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 pub use choice::{Chosen, IntoStore};
 pub(crate) use choice::{Forwarded, Shared, StoreChoice, check_replicated};
@@ -34,6 +36,8 @@ pub use hub::{ReleaseHub, ReleaseWatch};
 pub use kinds::EtcdStore;
 #[cfg(feature = "postgres")]
 pub use kinds::PostgresStore;
+#[cfg(feature = "zookeeper")]
+pub use kinds::ZooKeeperStore;
 pub use kinds::{RedisClusterStore, RedisStore, RedlockStore};
 pub use listing::{QuorumView, key_matches, key_of_record};
 pub use lock_store::LockStore;
@@ -53,3 +57,5 @@ pub use types::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, RecordView, ReleaseOutcome, Renewal,
     Retention,
 };
+#[cfg(feature = "zookeeper")]
+pub(crate) use zookeeper::{ZooKeeperBackend, ZooKeeperOptions};

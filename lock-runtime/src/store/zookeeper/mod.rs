@@ -1,0 +1,561 @@
+//! The ZooKeeper store (cargo feature `zookeeper`): one node per held lock, written by
+//! ZooKeeper's own atomic operations, every time on the server's clock.
+//!
+//! - **Record**: `/distributed-locks/records/<name>`, a TTL node (ZooKeeper 3.5.3+, servers
+//!   started with `-Dzookeeper.extendedTypesEnabled=true`) holding the token, the ttl, the
+//!   expiry it must not fall below, min_hold and the owner ([`record`]). Taken by a create,
+//!   which fails while the node exists. Not ephemeral: a lease's life is its ttl, chosen per
+//!   lock, while a session is one per process and lives by heartbeats; a node tied to the
+//!   session would outlive a stuck job's lease or vanish under a running one.
+//! - **Expiry**: at `max(mtime + ttl, floor)` of the node, on the server's clock (its
+//!   `mtime` is the leader's time at the write). An acquire that finds a record compares its
+//!   expiry with the server's time: known to be later from the last write this store made
+//!   (that write's `mtime` plus what has passed since it was sent), or read by a write of the
+//!   clock node. An expired record is taken over by one transaction (delete at the version
+//!   read, create). A record nobody takes over is removed by the server (the TTL node's own
+//!   expiry, [`RECORD_NODE_TTL`] after its last write): nothing stays per key.
+//! - **Fence**: the record's creation zxid. zxids increase across the ensemble, leader
+//!   changes included (the epoch is their high half), so no later holder gets a smaller one.
+//! - **Renewal**: a write of the record at the version read, with the new ttl and the old
+//!   expiry as its floor (a renewal never shortens a lease).
+//! - **min_hold**: counted from the node's `ctime`; a release before it rewrites the record
+//!   as released, expiring when min_hold ends.
+//! - **once**: `/distributed-locks/done/<name>`, a TTL node of the retention, written in the
+//!   same transaction as the release. An acquire checks it after its create, so a marker
+//!   written by a release just before cannot be missed.
+//! - **Waiting**: a persistent watch on the record of each lock waited for ([`watch`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
+
+mod record;
+mod session;
+mod watch;
+
+use self::record::{RELEASED, Record, done_expiry, done_value, node_name, record_of_node};
+pub(crate) use self::session::ZooKeeperOptions;
+use self::session::{BASE, Session, create_options};
+use super::{
+    AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
+    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber, key_matches, key_of_record,
+};
+use crate::LockError;
+
+/// The longest lease (ttl, or an extend) this store grants.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(7 * 86_400);
+/// How long a record's node outlives its last write before the server removes it: longer
+/// than any lease it can carry, so only a record nobody holds any more is removed.
+const RECORD_NODE_TTL: Duration = Duration::from_secs(8 * 86_400);
+/// How many times a call starts again after the record changed under it.
+const TRIES: usize = 5;
+
+fn record_path(record: &str) -> String {
+    format!("{BASE}/records/{}", node_name(record))
+}
+
+fn done_path(record: &str) -> String {
+    format!("{BASE}/done/{}", node_name(record))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn duration_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn fence_of(stat: &Stat) -> u64 {
+    u64::try_from(stat.czxid).unwrap_or(0)
+}
+
+/// A store in ZooKeeper.
+pub(crate) struct ZooKeeperBackend {
+    session: Arc<Session>,
+    hub: Arc<ReleaseHub>,
+    subscriber: OnceCell<Subscriber>,
+}
+
+impl std::fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("connect", &self.session.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lock's record as read: its value and its node's stat.
+struct Read {
+    record: Record,
+    stat: Stat,
+}
+
+impl ZooKeeperBackend {
+    /// Connects, creates the store's four fixed nodes where missing, and checks that the
+    /// servers take TTL nodes and that this client may write.
+    pub(crate) async fn connect(options: ZooKeeperOptions) -> Result<Self, LockError> {
+        let session = Arc::new(Session::open(options).await?);
+        let client = session.client();
+        for path in [
+            BASE.to_owned(),
+            format!("{BASE}/records"),
+            format!("{BASE}/done"),
+            format!("{BASE}/clock"),
+        ] {
+            match client
+                .create(&path, b"", &create_options(CreateMode::Persistent))
+                .await
+            {
+                Ok(_) | Err(Error::NodeExists) => {}
+                Err(Error::NoAuth) => {
+                    return Err(LockError::config(format!(
+                        "ZooKeeper at `{}` does not let this client create `{path}`",
+                        session.shown
+                    )));
+                }
+                Err(e) => {
+                    return Err(session.error(&format!("creating `{path}` failed"), e, &client));
+                }
+            }
+        }
+        let probe = format!("{BASE}/ttl-probe-{}", session.client().session_id().0);
+        let ttl_node = create_options(CreateMode::Persistent).with_ttl(Duration::from_secs(60));
+        match client.create(&probe, b"", &ttl_node).await {
+            Ok(_) | Err(Error::NodeExists) => {
+                let _ = client.delete(&probe, None).await;
+            }
+            Err(Error::Unimplemented | Error::UnexpectedErrorCode(_) | Error::BadArguments(_)) => {
+                return Err(LockError::config(format!(
+                    "ZooKeeper at `{}` does not take TTL nodes, which the lock store needs: run \
+                     ZooKeeper 3.5.3 or newer with -Dzookeeper.extendedTypesEnabled=true",
+                    session.shown
+                )));
+            }
+            Err(e) => return Err(session.error("creating a TTL node failed", e, &client)),
+        }
+        session.server_now().await?;
+        Ok(ZooKeeperBackend {
+            session,
+            hub: Arc::new(ReleaseHub::default()),
+            subscriber: OnceCell::new(),
+        })
+    }
+
+    fn error(&self, what: &str, e: Error, client: &Client) -> LockError {
+        self.session.error(what, e, client)
+    }
+
+    /// The record at `path`; None when there is none. A value this store did not write is
+    /// an error, and nothing is touched.
+    async fn read(&self, client: &Client, path: &str) -> Result<Option<Read>, LockError> {
+        match client.get_data(path).await {
+            Ok((value, stat)) => match Record::decode(&value) {
+                Some(record) => Ok(Some(Read { record, stat })),
+                None => Err(LockError::config(format!(
+                    "ZooKeeper node `{path}` holds something that is no lock record; it was left untouched"
+                ))),
+            },
+            Err(Error::NoNode) => Ok(None),
+            Err(e) => Err(self.error(&format!("reading `{path}` failed"), e, client)),
+        }
+    }
+
+    /// How long until `expiry` (server time), or None once it has passed: from the last
+    /// write's reading when that settles it, else by reading the server's clock.
+    async fn left_until(&self, expiry: i64) -> Result<Option<Duration>, LockError> {
+        if let Some(latest) = self.session.server_now_at_most()
+            && expiry > latest
+        {
+            return Ok(Some(duration_ms(expiry - latest)));
+        }
+        let now = self.session.server_now().await?;
+        Ok((expiry > now).then(|| duration_ms(expiry - now)))
+    }
+
+    /// The done marker's time left, None when there is none (or it has ended).
+    async fn done_left(
+        &self,
+        client: &Client,
+        names: &KeyNames,
+    ) -> Result<Option<Duration>, LockError> {
+        let path = done_path(names.record());
+        let expiry = match client.get_data(&path).await {
+            Ok((value, stat)) => done_expiry(&value, stat.mtime),
+            Err(Error::NoNode) => return Ok(None),
+            Err(e) => return Err(self.error(&format!("reading `{path}` failed"), e, client)),
+        };
+        match expiry {
+            Some(expiry) => self.left_until(expiry).await,
+            None => Err(LockError::config(format!(
+                "ZooKeeper node `{path}` holds something that is no done marker; it was left untouched"
+            ))),
+        }
+    }
+
+    /// Creates the record: its stat, or None when a node is there.
+    async fn create(
+        &self,
+        client: &Client,
+        path: &str,
+        value: &[u8],
+    ) -> Result<Option<Stat>, LockError> {
+        let options = create_options(CreateMode::Persistent).with_ttl(RECORD_NODE_TTL);
+        let sent = Instant::now();
+        match client.create(path, value, &options).await {
+            Ok((stat, _)) => {
+                self.session.note_time(stat.mtime, sent);
+                Ok(Some(stat))
+            }
+            Err(Error::NodeExists) => Ok(None),
+            Err(e) => Err(self.error(&format!("creating `{path}` failed"), e, client)),
+        }
+    }
+
+    /// Takes over an expired record (`read`): deletes it at the version read and creates
+    /// ours, in one transaction. None when the record changed meanwhile.
+    async fn take_over(
+        &self,
+        client: &Client,
+        path: &str,
+        read: &Read,
+        value: &[u8],
+    ) -> Result<Option<Stat>, LockError> {
+        let options = create_options(CreateMode::Persistent).with_ttl(RECORD_NODE_TTL);
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_delete(path, Some(read.stat.version))
+            .and_then(|()| writer.add_create(path, value, &options))
+            .map_err(|e| self.error("building a transaction failed", e, client))?;
+        let sent = Instant::now();
+        match writer.commit().await {
+            Ok(results) => {
+                let stat = results.into_iter().find_map(|r| match r {
+                    MultiWriteResult::Create { stat, .. } => Some(stat),
+                    _ => None,
+                });
+                if let Some(stat) = &stat {
+                    self.session.note_time(stat.mtime, sent);
+                }
+                Ok(stat)
+            }
+            Err(MultiWriteError::OperationFailed {
+                source: Error::BadVersion | Error::NoNode | Error::NodeExists,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(self.error(&format!("taking over `{path}` failed"), e.into(), client)),
+        }
+    }
+
+    /// After our create for a `once` request: a done marker written by a release just before
+    /// it means the work is done; the record just made is given back.
+    async fn done_after_create(
+        &self,
+        client: &Client,
+        names: &KeyNames,
+        path: &str,
+        stat: &Stat,
+    ) -> Result<Option<AcquireOutcome>, LockError> {
+        let Some(pttl) = self.done_left(client, names).await? else {
+            return Ok(None);
+        };
+        match client.delete(path, Some(stat.version)).await {
+            Ok(()) | Err(Error::NoNode | Error::BadVersion) => {}
+            Err(e) => return Err(self.error(&format!("giving back `{path}` failed"), e, client)),
+        }
+        self.hub.notify(names.channel());
+        Ok(Some(AcquireOutcome::Done { pttl: Some(pttl) }))
+    }
+
+    async fn renew(&self, item: &ExtendItem) -> Renewal {
+        let client = self.session.client();
+        let path = record_path(&item.record);
+        for _ in 0..TRIES {
+            let read = match self.read(&client, &path).await {
+                Ok(Some(read)) if read.record.token == item.token => read,
+                Ok(_) => return Renewal::NotOurs,
+                Err(e) => return Renewal::Unknown(e.to_string()),
+            };
+            let expiry = read.record.expiry(read.stat.mtime);
+            if self
+                .session
+                .server_now_at_least()
+                .is_some_and(|now| expiry <= now)
+            {
+                // Expired: another acquire may take it over at any moment.
+                return Renewal::NotOurs;
+            }
+            let renewed = Record {
+                ttl_ms: ms(item.ttl),
+                floor_ms: expiry,
+                ..read.record
+            };
+            let sent = Instant::now();
+            match client
+                .set_data(&path, &renewed.encode(), Some(read.stat.version))
+                .await
+            {
+                Ok(stat) => {
+                    self.session.note_time(stat.mtime, sent);
+                    return Renewal::Renewed;
+                }
+                Err(Error::BadVersion) => continue,
+                Err(Error::NoNode) => return Renewal::NotOurs,
+                Err(e) => {
+                    return Renewal::Unknown(
+                        self.error(&format!("renewing `{path}` failed"), e, &client)
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        Renewal::Unknown(format!("`{path}` kept changing while it was renewed"))
+    }
+
+    async fn view(&self, read: &Read) -> Result<Option<RecordView>, LockError> {
+        let Some(remaining) = self.left_until(read.record.expiry(read.stat.mtime)).await? else {
+            return Ok(None);
+        };
+        let now = self.session.server_now_at_most().unwrap_or(read.stat.ctime);
+        Ok(Some(RecordView::new(
+            read.record.owner.clone(),
+            fence_of(&read.stat),
+            Some(remaining),
+            duration_ms(now - read.stat.ctime),
+        )))
+    }
+}
+
+impl LockStore for ZooKeeperBackend {
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<AcquireOutcome, LockError> {
+        let AcquireRequest {
+            names,
+            token,
+            owner,
+            ttl,
+            min_hold,
+            once,
+        } = request;
+        if ttl > MAX_LEASE {
+            return Err(LockError::config(format!(
+                "a ZooKeeper lease lasts at most {MAX_LEASE:?}; `{}` asked for {ttl:?}",
+                names.key()
+            )));
+        }
+        let client = self.session.client();
+        if once && let Some(pttl) = self.done_left(&client, names).await? {
+            return Ok(AcquireOutcome::Done { pttl: Some(pttl) });
+        }
+        let path = record_path(names.record());
+        let value = Record {
+            token: token.to_owned(),
+            ttl_ms: ms(ttl),
+            floor_ms: 0,
+            hold_ms: ms(min_hold),
+            owner: owner.to_owned(),
+        }
+        .encode();
+        for _ in 0..TRIES {
+            let created = match self.create(&client, &path, &value).await? {
+                Some(stat) => Some(stat),
+                None => {
+                    let Some(read) = self.read(&client, &path).await? else {
+                        continue; // released meanwhile
+                    };
+                    if read.record.token == token {
+                        // Our own create, sent again after its answer was lost.
+                        return Ok(AcquireOutcome::Acquired {
+                            fence: fence_of(&read.stat),
+                        });
+                    }
+                    if let Some(pttl) = self.left_until(read.record.expiry(read.stat.mtime)).await?
+                    {
+                        return Ok(AcquireOutcome::Held { pttl: Some(pttl) });
+                    }
+                    self.take_over(&client, &path, &read, &value).await?
+                }
+            };
+            let Some(stat) = created else { continue };
+            if once && let Some(done) = self.done_after_create(&client, names, &path, &stat).await?
+            {
+                return Ok(done);
+            }
+            return Ok(AcquireOutcome::Acquired {
+                fence: fence_of(&stat),
+            });
+        }
+        Ok(AcquireOutcome::Held { pttl: None })
+    }
+
+    async fn release(
+        &self,
+        names: &KeyNames,
+        token: &str,
+        done_retention: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let client = self.session.client();
+        let path = record_path(names.record());
+        let done = done_path(names.record());
+        for _ in 0..TRIES {
+            let read = self.read(&client, &path).await?;
+            let ours = read.as_ref().filter(|r| r.record.token == token);
+            let mut writer = client.new_multi_writer();
+            let mut outcome = ReleaseOutcome::NotOwner;
+            let mut ops = 0;
+            if let Some(retention) = done_retention {
+                // A fresh marker, so its node's own expiry is this retention's.
+                let existing = client
+                    .check_stat(&done)
+                    .await
+                    .map_err(|e| self.error(&format!("reading `{done}` failed"), e, &client))?;
+                let options = create_options(CreateMode::Persistent)
+                    .with_ttl(retention.max(Duration::from_millis(1)));
+                existing
+                    .map_or(Ok(()), |stat| writer.add_delete(&done, Some(stat.version)))
+                    .and_then(|()| writer.add_create(&done, &done_value(ms(retention)), &options))
+                    .map_err(|e| self.error("building a transaction failed", e, &client))?;
+                ops += 1;
+            }
+            if let Some(read) = ours {
+                let hold_until = read.record.hold_until(read.stat.ctime);
+                let kept = read.record.hold_ms > 0 && self.left_until(hold_until).await?.is_some();
+                let built = if kept {
+                    let released = Record {
+                        token: RELEASED.to_owned(),
+                        ttl_ms: 0,
+                        floor_ms: hold_until,
+                        ..read.record.clone()
+                    };
+                    outcome = ReleaseOutcome::KeptForMinHold;
+                    writer.add_set_data(&path, &released.encode(), Some(read.stat.version))
+                } else {
+                    outcome = ReleaseOutcome::Released;
+                    writer.add_delete(&path, Some(read.stat.version))
+                };
+                built.map_err(|e| self.error("building a transaction failed", e, &client))?;
+                ops += 1;
+            }
+            if ops == 0 {
+                return Ok(ReleaseOutcome::NotOwner);
+            }
+            match writer.commit().await {
+                Ok(_) => {
+                    if outcome != ReleaseOutcome::NotOwner {
+                        self.hub.notify(names.channel());
+                    }
+                    return Ok(outcome);
+                }
+                Err(MultiWriteError::OperationFailed {
+                    source: Error::BadVersion | Error::NoNode | Error::NodeExists,
+                    ..
+                }) => continue,
+                Err(e) => {
+                    return Err(self.error(
+                        &format!("releasing `{path}` failed"),
+                        e.into(),
+                        &client,
+                    ));
+                }
+            }
+        }
+        Err(
+            crate::BackendError::transient(format!("`{path}` kept changing while it was released"))
+                .into(),
+        )
+    }
+
+    async fn extend(&self, items: &[ExtendItem]) -> Result<Vec<Renewal>, LockError> {
+        if let Some(long) = items.iter().find(|item| item.ttl > MAX_LEASE) {
+            return Err(LockError::config(format!(
+                "a ZooKeeper lease lasts at most {MAX_LEASE:?}; an extend asked for {:?}",
+                long.ttl
+            )));
+        }
+        // One after another: renewals come at a third of a ttl, not on any hot path.
+        let mut renewals = Vec::with_capacity(items.len());
+        for item in items {
+            renewals.push(self.renew(item).await);
+        }
+        Ok(renewals)
+    }
+
+    async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
+        let client = self.session.client();
+        match self.read(&client, &record_path(names.record())).await? {
+            Some(read) => self.view(&read).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn watch_releases(&self, names: &KeyNames) -> Result<ReleaseWatch, LockError> {
+        let subscriber = self
+            .subscriber
+            .get_or_init(|| async { watch::subscriber(self.session.clone(), self.hub.clone()) })
+            .await;
+        subscriber.watch(names.channel()).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        pattern: &str,
+    ) -> Result<Vec<(String, RecordView)>, LockError> {
+        let client = self.session.client();
+        let dir = format!("{BASE}/records");
+        let names = client
+            .list_children(&dir)
+            .await
+            .map_err(|e| self.error(&format!("listing `{dir}` failed"), e, &client))?;
+        let mut found = Vec::new();
+        for name in names {
+            let Some(record) = record_of_node(&name) else {
+                continue;
+            };
+            let Some(key) = key_of_record(namespace, &record) else {
+                continue;
+            };
+            if !key_matches(pattern, &key) {
+                continue;
+            }
+            let path = format!("{dir}/{name}");
+            let read = match self.read(&client, &path).await {
+                Ok(Some(read)) => read,
+                Ok(None) => continue,
+                // Someone else's node in our directory: not a lock of ours.
+                Err(LockError::Config(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some(view) = self.view(&read).await? {
+                found.push((key, view));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
+        let client = self.session.client();
+        let path = record_path(names.record());
+        let Some(read) = self.read(&client, &path).await? else {
+            return Ok(false);
+        };
+        if fence_of(&read.stat) != fence
+            || self
+                .left_until(read.record.expiry(read.stat.mtime))
+                .await?
+                .is_none()
+        {
+            return Ok(false);
+        }
+        match client.delete(&path, Some(read.stat.version)).await {
+            Ok(()) => {
+                self.hub.notify(names.channel());
+                Ok(true)
+            }
+            Err(Error::NoNode | Error::BadVersion) => Ok(false),
+            Err(e) => Err(self.error(&format!("removing `{path}` failed"), e, &client)),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Waiting on ZooKeeper: a persistent watch on the record node of each lock someone waits
+//! for. A release deletes the record (or, with min_hold, rewrites it): either event wakes the
+//! lock's waiters, through the shared [`Subscriber`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zookeeper_client::{AddWatchMode, EventType, SessionState};
+
+use super::record_path;
+use super::session::Session;
+use crate::LockError;
+use crate::store::{PubSubConnection, PubSubEvent, ReleaseHub, Subscriber};
+
+/// The subscriber of a store: its channels are the locks' `<record>:released` names.
+pub(super) fn subscriber(session: Arc<Session>, hub: Arc<ReleaseHub>) -> Subscriber {
+    let (events, events_rx) = mpsc::unbounded_channel();
+    let conn = WatchConn {
+        session,
+        events,
+        watches: HashMap::new(),
+    };
+    Subscriber::spawn(conn, events_rx, hub)
+}
+
+struct WatchConn {
+    session: Arc<Session>,
+    events: mpsc::UnboundedSender<PubSubEvent>,
+    /// The task turning each watched channel's node events into reports; aborting it drops
+    /// its watcher, which removes the watch.
+    watches: HashMap<String, JoinHandle<()>>,
+}
+
+impl WatchConn {
+    async fn start(&mut self, channel: &str) -> Result<(), LockError> {
+        let Some(record) = channel.strip_suffix(":released") else {
+            return Err(LockError::config(format!(
+                "`{channel}` is no release channel of this store"
+            )));
+        };
+        let client = self.session.client();
+        let mut watcher = client
+            .watch(&record_path(record), AddWatchMode::Persistent)
+            .await
+            .map_err(|e| {
+                self.session
+                    .error(&format!("watching `{record}` failed"), e, &client)
+            })?;
+        let events = self.events.clone();
+        let watched = channel.to_owned();
+        let task = tokio::spawn(async move {
+            let channel = watched;
+            loop {
+                let event = watcher.changed().await;
+                let report = match (event.event_type, event.session_state) {
+                    (EventType::Session, SessionState::SyncConnected) => {
+                        // Events during the disconnection may be lost (ZOOKEEPER-4698): a
+                        // renewed subscription wakes the channel's waiters.
+                        PubSubEvent::Subscribed(channel.clone())
+                    }
+                    (EventType::Session, state) if state.is_terminated() => {
+                        // No event comes after this one (and asking would panic).
+                        let _ = events.send(PubSubEvent::Disconnected);
+                        return;
+                    }
+                    (EventType::Session, _) => PubSubEvent::Disconnected,
+                    _ => PubSubEvent::Message(channel.clone()),
+                };
+                if events.send(report).is_err() {
+                    return;
+                }
+            }
+        });
+        if let Some(old) = self.watches.insert(channel.to_owned(), task) {
+            old.abort();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WatchConn {
+    fn drop(&mut self) {
+        for task in self.watches.values() {
+            task.abort();
+        }
+    }
+}
+
+impl PubSubConnection for WatchConn {
+    async fn subscribe(&mut self, channel: &str) -> Result<(), LockError> {
+        self.start(channel).await
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> Result<(), LockError> {
+        if let Some(task) = self.watches.remove(channel) {
+            task.abort();
+        }
+        Ok(())
+    }
+
+    /// After a disconnection: within one session the client renews its watches itself (each
+    /// reports `Subscribed` again); a session that ended takes its watches with it, so they
+    /// are made again on the new session, and every waiter is woken.
+    async fn disconnected(&mut self, watched: &[String]) -> bool {
+        let ended = self.watches.values().any(|task| task.is_finished());
+        if !ended {
+            return false;
+        }
+        let client = self.session.client();
+        if client.state().is_terminated()
+            && let Err(e) = self.session.renew(&client).await
+        {
+            tracing::warn!(error = %e, "ZooKeeper: no new session yet; waiters fall back to the holders' ttl");
+        }
+        for channel in watched {
+            if let Err(e) = self.start(channel).await {
+                tracing::warn!(channel = %channel, error = %e, "ZooKeeper: could not watch again");
+            }
+        }
+        true
+    }
+}
