@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of the workspace on a fresh Debian machine.
-# Installs redis-server, openssl, postgresql, etcd-server, protobuf-compiler, faketime,
-# chromium and chromium-driver
-# (Debian packages) when missing: the tests start their own redis-server, PostgreSQL and etcd processes
+# Installs redis-server, openssl, postgresql, etcd-server, zookeeper, protobuf-compiler,
+# faketime, chromium and chromium-driver
+# (Debian packages) when missing: the tests start their own redis-server, PostgreSQL, etcd and ZooKeeper processes
 # on free loopback ports (PostgreSQL from its binaries in /usr/lib/postgresql/<version>/bin, as
 # the `postgres` user when run as root) and never use a system service. protoc builds the etcd
 # client's gRPC code.
@@ -19,6 +19,8 @@ python3 -m pip --version >/dev/null 2>&1 || MISSING="$MISSING python3-pip"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || [ -n "${PG_BIN_DIR:-}" ] || MISSING="$MISSING postgresql"
 command -v etcd >/dev/null 2>&1 || [ -n "${ETCD_BIN:-}" ] || MISSING="$MISSING etcd-server"
 command -v protoc >/dev/null 2>&1 || [ -n "${PROTOC:-}" ] || MISSING="$MISSING protobuf-compiler"
+# ZooKeeper (with Java) for the ZooKeeper store's tests (tests/src/zookeeper.rs).
+[ -f /usr/share/java/zookeeper.jar ] || [ -n "${ZOOKEEPER_JAR:-}" ] || MISSING="$MISSING zookeeper"
 # faketime gives each process of the scheduled-jobs test a clock of its own.
 command -v faketime >/dev/null 2>&1 || MISSING="$MISSING faketime"
 # Headless Chromium, driven through WebDriver, checks lockctl's web page (lockctl/tests/serve.rs).

@@ -58,6 +58,8 @@ pub struct ZooKeeperEnsemble {
     /// The members, in the order they were started.
     pub members: Vec<ZooKeeperMember>,
     dir: tempfile::TempDir,
+    /// The servers take TTL nodes (as the lock store needs).
+    ttl_nodes: bool,
 }
 
 impl ZooKeeperEnsemble {
@@ -65,9 +67,19 @@ impl ZooKeeperEnsemble {
     /// member serves (a leader, its followers). A port taken by someone else between choosing
     /// it and binding it means a new try on other ports, up to five.
     pub fn start(size: usize) -> Self {
+        Self::start_with(size, true)
+    }
+
+    /// A one-member server that refuses TTL nodes (ZooKeeper's default), which the lock
+    /// store cannot work with.
+    pub fn start_without_ttl_nodes() -> Self {
+        Self::start_with(1, false)
+    }
+
+    fn start_with(size: usize, ttl_nodes: bool) -> Self {
         let mut last_log = String::new();
         for _ in 0..5 {
-            match Self::try_start(size) {
+            match Self::try_start(size, ttl_nodes) {
                 Ok(ensemble) => return ensemble,
                 Err(log) => last_log = log,
             }
@@ -75,7 +87,7 @@ impl ZooKeeperEnsemble {
         panic!("ZooKeeper did not start in 5 tries; last log:\n{last_log}");
     }
 
-    fn try_start(size: usize) -> Result<Self, String> {
+    fn try_start(size: usize, ttl_nodes: bool) -> Result<Self, String> {
         let jar = zookeeper_jar();
         // On the RAM disk when the machine has one: every write waits for its fsync.
         let shm = Path::new("/dev/shm");
@@ -98,7 +110,11 @@ impl ZooKeeperEnsemble {
                 child: None,
             })
             .collect();
-        let mut ensemble = ZooKeeperEnsemble { members, dir };
+        let mut ensemble = ZooKeeperEnsemble {
+            members,
+            dir,
+            ttl_nodes,
+        };
         for i in 0..size {
             ensemble.configure(i);
             ensemble.spawn(&jar, i);
@@ -176,7 +192,10 @@ impl ZooKeeperEnsemble {
         }
         let child = Command::new("java")
             .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
-            .arg("-Dzookeeper.extendedTypesEnabled=true")
+            .arg(format!(
+                "-Dzookeeper.extendedTypesEnabled={}",
+                self.ttl_nodes
+            ))
             .arg("-Dznode.container.checkIntervalMs=100")
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-cp")

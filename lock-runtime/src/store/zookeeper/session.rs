@@ -178,7 +178,22 @@ async fn connect(options: &ZooKeeperOptions, shown: &str) -> Result<Client, Lock
     if let Some(digest) = &options.digest {
         connector = connector.with_auth("digest", digest.as_bytes());
     }
-    match tokio::time::timeout(options.connect_timeout, connector.connect(&options.connect)).await {
+    let connecting = async {
+        let client = connector.clone().connect(&options.connect).await?;
+        // A chroot that does not exist yet is made, from the ensemble's root.
+        if let Some(at) = options.connect.find('/')
+            && client.check_stat("/").await?.is_none()
+        {
+            let root = connector.connect(&options.connect[..at]).await?;
+            root.mkdir(
+                &options.connect[at..],
+                &create_options(CreateMode::Persistent),
+            )
+            .await?;
+        }
+        Ok(client)
+    };
+    match tokio::time::timeout(options.connect_timeout, connecting).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(Error::BadArguments(why))) => Err(LockError::config(format!(
             "`{shown}` is no ZooKeeper connect string (host:port,host:port[/chroot]): {why}"

@@ -1,0 +1,192 @@
+//! The ZooKeeper store's own tests on real ZooKeeper: bad connect strings and unreachable
+//! ensembles give clear errors, a server without TTL nodes is refused with what to change,
+//! a chroot keeps its locks apart, credentials never show, and fences keep increasing across
+//! a leader's death while a held lease lives on.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockRuntime, ZooKeeperStore};
+use lock_tests::{Built, Free, TakeFree, ZooKeeperEnsemble};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_ensemble_is_a_transient_error_naming_it() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let connect = format!("127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let err = LockRuntime::builder()
+        .zookeeper(connect.clone())
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("nothing listens there");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "build() is bounded by the connect timeout: {:?}",
+        started.elapsed()
+    );
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&connect), "{err}");
+}
+
+/// Connect strings that can never work are configuration errors at `build()`, never
+/// transient (a caller retrying transient errors would retry them for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_connect_strings_are_config_errors() {
+    for connect in [
+        "",
+        "127.0.0.1:notaport",
+        "127.0.0.1:2181/chroot/",
+        "127.0.0.1:2181/a//b",
+        "127.0.0.1:2181,/only-a-chroot",
+    ] {
+        let err = LockRuntime::builder()
+            .zookeeper(connect)
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .map(|_| ())
+            .expect_err("an unusable connect string");
+        assert!(matches!(err, LockError::Config(_)), "{connect:?}: {err:?}");
+        assert!(!err.is_transient(), "{connect:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_ttl_nodes_is_refused_with_what_to_change() {
+    let ensemble = ZooKeeperEnsemble::start_without_ttl_nodes();
+    let err = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("no TTL nodes");
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("zookeeper.extendedTypesEnabled=true"),
+        "{err}"
+    );
+}
+
+/// Runtimes on one chroot share their locks; a runtime on another chroot (or none) locks
+/// apart from them, and lists none of theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chroot_keeps_its_locks_apart() {
+    let ensemble = ZooKeeperEnsemble::start(1);
+    let at = |chroot: &str| {
+        LockRuntime::builder()
+            .zookeeper(format!("{}{chroot}", ensemble.connect_string()))
+            .built()
+    };
+    let jobs_a = at("/jobs").await;
+    let jobs_b = at("/jobs").await;
+    let other = at("/other").await;
+    let root = at("").await;
+    let guard = jobs_a.take_default_ttl("nightly").await;
+    assert!(
+        jobs_b
+            .lock("nightly")
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none(),
+        "the same chroot: held"
+    );
+    for apart in [&other, &root] {
+        let elsewhere = apart.take_default_ttl("nightly").await;
+        assert!(apart.list("*").await.expect("list").len() == 1);
+        assert!(elsewhere.release().await.expect("release"));
+    }
+    assert_eq!(jobs_b.list("*").await.expect("list").len(), 1);
+    assert!(guard.release().await.expect("release"));
+}
+
+/// The digest password shows in no `Debug` output and no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_digest_password_never_shows() {
+    const SECRET: &str = "zk-s3cr3t-Pa55";
+    let ensemble = ZooKeeperEnsemble::start(1);
+    let store = || ZooKeeperStore::new(ensemble.connect_string()).digest("locks", SECRET);
+    let builder = LockRuntime::builder().store(store());
+    for shown in [format!("{builder:?}"), format!("{:?}", store())] {
+        assert!(!shown.contains(SECRET), "the password leaked: {shown}");
+    }
+    let runtime = builder.built().await;
+    assert!(!format!("{runtime:?}").contains(SECRET));
+    let guard = runtime.take_default_ttl("authed").await;
+    assert!(guard.release().await.expect("release"));
+    // Unreachable with the same credentials: the error names the ensemble, not the password.
+    let err = LockRuntime::builder()
+        .store(ZooKeeperStore::new("127.0.0.1:1").digest("locks", SECRET))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("unreachable");
+    for shown in [err.to_string(), format!("{err:?}")] {
+        assert!(!shown.contains(SECRET), "the password leaked: {shown}");
+    }
+}
+
+/// The leader of a three-member ensemble killed while a lease is held: the lease lives on
+/// (its renewals ride out the election), nobody else gets the lock meanwhile, and the next
+/// holder's fence is greater than every fence before the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_outlives_the_leaders_death_and_fences_keep_increasing() {
+    let mut ensemble = ZooKeeperEnsemble::start(3);
+    let a = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .owner("a")
+        .built()
+        .await;
+    let b = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .owner("b")
+        .built()
+        .await;
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let guard = a.take_default_ttl("through-election").await;
+        fences.push(guard.lease().fence().await.expect("fence"));
+        assert!(guard.release().await.expect("release"));
+    }
+    let held = a
+        .lock("through-election")
+        .ttl(Duration::from_secs(6))
+        .try_acquire()
+        .await
+        .free();
+    fences.push(held.lease().fence().await.expect("fence"));
+    let leader = ensemble.leader().expect("a leader");
+    ensemble.kill(leader);
+    // Two renewal periods and more: the survivors elect a leader and the renewals go on.
+    let until = tokio::time::Instant::now() + Duration::from_secs(8);
+    while tokio::time::Instant::now() < until {
+        if let Ok(Some(stolen)) = b.lock("through-election").try_acquire().await {
+            panic!(
+                "b took a lock a still held (a lost: {}), fence {:?}",
+                held.lease().is_lost(),
+                stolen.lease().fence().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !held.lease().is_lost(),
+        "the lease lived through the election"
+    );
+    assert!(held.release().await.expect("release"));
+    let next = b.take_default_ttl("through-election").await;
+    let fence = next.lease().fence().await.expect("fence");
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(
+        fences.iter().all(|&f| f < fence),
+        "{fence} after {fences:?}"
+    );
+    assert!(next.release().await.expect("release"));
+    ensemble.restart(leader);
+}
