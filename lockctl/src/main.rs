@@ -8,6 +8,7 @@
 //!     lockctl --redlock redis://a:6379,redis://b:6379,redis://c:6379 list
 //!     lockctl --postgres postgres://app@db/app release interest-posting --force
 //!     lockctl --etcd http://10.0.0.1:2379,http://10.0.0.2:2379 list
+//!     lockctl --zookeeper 10.0.0.1:2181,10.0.0.2:2181/jobs list
 //!     lockctl --redis redis://127.0.0.1:6379 jobs
 //!     lockctl --postgres postgres://app@db/app history interest-posting --since 7d --json
 //!     lockctl --redis redis://127.0.0.1:6379 serve --listen 127.0.0.1:7878
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use lock_runtime::{EtcdStore, LockRuntime, LockRuntimeBuilder, PostgresStore};
+use lock_runtime::{EtcdStore, LockRuntime, LockRuntimeBuilder, PostgresStore, ZooKeeperStore};
 
 mod history;
 mod ops;
@@ -53,6 +54,13 @@ struct Cli {
     /// argument would show in the process list).
     #[arg(long, global = true, value_name = "NAME")]
     etcd_user: Option<String>,
+    /// A ZooKeeper ensemble's connect string, `host:port,host:port[/chroot]`.
+    #[arg(long, global = true, value_name = "HOSTS")]
+    zookeeper: Option<String>,
+    /// With --zookeeper: digest authentication as this user; the password comes from
+    /// ZOOKEEPER_PASSWORD (an argument would show in the process list).
+    #[arg(long, global = true, value_name = "NAME")]
+    zookeeper_user: Option<String>,
     /// With --postgres: the runtime's table, if not the default.
     #[arg(long, global = true, value_name = "NAME")]
     table: Option<String>,
@@ -197,6 +205,9 @@ fn store_label(cli: &Cli) -> String {
     if !cli.etcd.is_empty() {
         return format!("etcd {}", urls(&cli.etcd));
     }
+    if let Some(connect) = &cli.zookeeper {
+        return format!("ZooKeeper {connect}");
+    }
     if let Some(url) = &cli.redis {
         return format!("Redis {}", redact::url(url));
     }
@@ -244,6 +255,7 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         ("--redlock", !cli.redlock.is_empty()),
         ("--postgres", cli.postgres.is_some()),
         ("--etcd", !cli.etcd.is_empty()),
+        ("--zookeeper", cli.zookeeper.is_some()),
     ]
     .into_iter()
     .filter_map(|(option, set)| set.then_some(option))
@@ -256,6 +268,20 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
     }
     if cli.etcd_user.is_some() && cli.etcd.is_empty() {
         anyhow::bail!("--etcd-user goes with --etcd");
+    }
+    if cli.zookeeper_user.is_some() && cli.zookeeper.is_none() {
+        anyhow::bail!("--zookeeper-user goes with --zookeeper");
+    }
+    if let Some(connect) = &cli.zookeeper {
+        let store = ZooKeeperStore::new(connect.as_str());
+        return Ok(match &cli.zookeeper_user {
+            Some(user) => {
+                let password = std::env::var("ZOOKEEPER_PASSWORD")
+                    .context("--zookeeper-user needs the password in ZOOKEEPER_PASSWORD")?;
+                builder.store(store.digest(user.as_str(), password))
+            }
+            None => builder.store(store),
+        });
     }
     if !cli.etcd.is_empty() {
         let store = EtcdStore::new(split_urls(&cli.etcd));
@@ -296,7 +322,7 @@ fn store(cli: &Cli, builder: LockRuntimeBuilder) -> anyhow::Result<LockRuntimeBu
         Ok(url) if !url.is_empty() => Ok(builder.redis(url)),
         _ => anyhow::bail!(
             "name a store: --redis URL, --cluster URL, --sentinel NAME=URL,..., --redlock URL, \
-             --postgres URL or --etcd URL (or set REDIS_URL)"
+             --postgres URL, --etcd URL or --zookeeper HOSTS (or set REDIS_URL)"
         ),
     }
 }

@@ -365,6 +365,34 @@ async fn etcd_through_the_same_options() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_through_the_same_options() {
+    let ensemble = lock_tests::ZooKeeperEnsemble::start(1);
+    let connect = format!("{}/lockctl-test", ensemble.connect_string());
+    let runtime = |owner: &str| {
+        LockRuntime::builder()
+            .zookeeper(connect.clone())
+            .owner(owner)
+            .build()
+    };
+    let holder = runtime("billing-1").await.expect("build");
+    let other = runtime("billing-2").await.expect("build");
+    lists_shows_and_force_releases(&["--zookeeper", &connect], &holder, other).await;
+    let (code, _, err) = lockctl(&[
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--zookeeper-user",
+        "u",
+        "list",
+    ])
+    .await;
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--zookeeper-user goes with --zookeeper"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_through_the_same_options() {
     let server = PostgresServer::start();
     let url = server.url();

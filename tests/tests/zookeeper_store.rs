@@ -105,7 +105,8 @@ async fn a_chroot_keeps_its_locks_apart() {
     assert!(guard.release().await.expect("release"));
 }
 
-/// The digest password shows in no `Debug` output and no error.
+/// The digest password shows in no `Debug` output and no error, and the nodes made with it
+/// are its user's alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_digest_password_never_shows() {
     const SECRET: &str = "zk-s3cr3t-Pa55";
@@ -119,6 +120,26 @@ async fn the_digest_password_never_shows() {
     assert!(!format!("{runtime:?}").contains(SECRET));
     let guard = runtime.take_default_ttl("authed").await;
     assert!(guard.release().await.expect("release"));
+    // The nodes it made are its user's alone: a client without the credentials can neither
+    // write a record nor build a runtime there.
+    let held = runtime.take_default_ttl("authed").await;
+    let stranger = zookeeper_client::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("connect");
+    let node = lock_tests::zookeeper::record_node("lock:{authed}");
+    assert_eq!(
+        stranger.set_data(&node, b"v1 free", None).await,
+        Err(zookeeper_client::Error::NoAuth)
+    );
+    let err = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .build()
+        .await
+        .map(|_| ())
+        .expect_err("no credentials");
+    assert!(!err.is_transient(), "{err}");
+    assert!(held.lease().is_held());
+    assert!(held.release().await.expect("release"));
     // Unreachable with the same credentials: the error names the ensemble, not the password.
     let err = LockRuntime::builder()
         .store(ZooKeeperStore::new("127.0.0.1:1").digest("locks", SECRET))
@@ -189,4 +210,68 @@ async fn a_lease_outlives_the_leaders_death_and_fences_keep_increasing() {
     );
     assert!(next.release().await.expect("release"));
     ensemble.restart(leader);
+}
+
+/// Many acquirers that find one expired record at once: exactly one takes it over. (ZooKeeper
+/// numbers a node's versions from 0 again when it is created again, so a takeover that
+/// deleted "at the version read" could delete the record another takeover had just made, at
+/// the same version, and both held the lock: found in review, failed here before the fix.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_takeovers_of_an_expired_record_give_it_to_one() {
+    let ensemble = ZooKeeperEnsemble::start(1);
+    let mut runtimes = Vec::new();
+    for i in 0..8 {
+        runtimes.push(
+            LockRuntime::builder()
+                .zookeeper(ensemble.connect_string())
+                .owner(format!("racer-{i}"))
+                .built()
+                .await,
+        );
+    }
+    let crashed = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .owner("crashed")
+        .built()
+        .await;
+    let mut doubles = Vec::new();
+    for round in 0..15 {
+        let key = format!("expired-{round}");
+        // A holder that stops renewing (as a crashed one does) and whose record expires.
+        let stale = crashed
+            .lock(key.as_str())
+            .ttl(Duration::from_millis(300))
+            .watchdog(false)
+            .try_acquire()
+            .await
+            .free();
+        std::mem::forget(stale);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let tries = runtimes.iter().map(|runtime| {
+            let (runtime, key) = (runtime.clone(), key.clone());
+            tokio::spawn(async move {
+                runtime
+                    .lock(key.as_str())
+                    .ttl(Duration::from_secs(20))
+                    .try_acquire()
+                    .await
+            })
+        });
+        let mut holders = Vec::new();
+        for task in tries.collect::<Vec<_>>() {
+            if let Some(guard) = task.await.expect("task").expect("try_acquire") {
+                holders.push(guard);
+            }
+        }
+        if holders.len() != 1 {
+            doubles.push((round, holders.len()));
+        }
+        for guard in holders {
+            let _ = guard.release().await;
+        }
+    }
+    assert!(
+        doubles.is_empty(),
+        "rounds whose expired record went to other than one holder (round, holders): {doubles:?}"
+    );
 }

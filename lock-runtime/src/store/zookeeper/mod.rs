@@ -3,23 +3,28 @@
 //!
 //! - **Record**: `/distributed-locks/records/<name>`, a TTL node (ZooKeeper 3.5.3+, servers
 //!   started with `-Dzookeeper.extendedTypesEnabled=true`) holding the token, the ttl, the
-//!   expiry it must not fall below, min_hold and the owner ([`record`]). Taken by a create,
-//!   which fails while the node exists. Not ephemeral: a lease's life is its ttl, chosen per
-//!   lock, while a session is one per process and lives by heartbeats; a node tied to the
-//!   session would outlive a stuck job's lease or vanish under a running one.
+//!   expiry it must not fall below, min_hold and the owner ([`record`]), or `free`. Taken by a
+//!   create where there is no node, else by a write at the version read of a node found free
+//!   or expired. The store never deletes a record node: ZooKeeper numbers versions from 0
+//!   again for a node made again, so only on a node that stays does "at the version read"
+//!   mean "the record I read" (a deleting design let eight takeovers of one expired record
+//!   all succeed). Not ephemeral: a lease's life is its ttl, chosen per lock, while a session
+//!   is one per process and lives by heartbeats; a node tied to the session would outlive a
+//!   stuck job's lease or vanish under a running one.
 //! - **Expiry**: at `max(mtime + ttl, floor)` of the node, on the server's clock (its
 //!   `mtime` is the leader's time at the write). An acquire that finds a record compares its
 //!   expiry with the server's time: known to be later from the last write this store made
 //!   (that write's `mtime` plus what has passed since it was sent), or read by a write of the
-//!   clock node. An expired record is taken over by one transaction (delete at the version
-//!   read, create). A record nobody takes over is removed by the server (the TTL node's own
-//!   expiry, [`RECORD_NODE_TTL`] after its last write): nothing stays per key.
-//! - **Fence**: the record's creation zxid. zxids increase across the ensemble, leader
-//!   changes included (the epoch is their high half), so no later holder gets a smaller one.
+//!   clock node. A node unwritten for [`RECORD_NODE_TTL`] is removed by the server (the TTL
+//!   node's own expiry): nothing stays per key.
+//! - **Fence**: the zxid of the write that acquired (`mzxid`). zxids increase across the
+//!   ensemble, leader changes included (the epoch is their high half), so no later holder
+//!   gets a smaller one.
 //! - **Renewal**: a write of the record at the version read, with the new ttl and the old
 //!   expiry as its floor (a renewal never shortens a lease).
-//! - **min_hold**: counted from the node's `ctime`; a release before it rewrites the record
-//!   as released, expiring when min_hold ends.
+//! - **Release**: a write of `free` at the version read. **min_hold**: counted from the
+//!   acquiring write's `mtime`; a release before it ends writes the record as released,
+//!   expiring when min_hold ends.
 //! - **once**: `/distributed-locks/done/<name>`, a TTL node of the retention, written in the
 //!   same transaction as the release. An acquire checks it after its create, so a marker
 //!   written by a release just before cannot be missed.
@@ -30,15 +35,17 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
+use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, Stat};
 
 mod record;
 mod session;
 mod watch;
 
-use self::record::{RELEASED, Record, done_expiry, done_value, node_name, record_of_node};
+use self::record::{
+    FREE, RELEASED, Record, Value, done_expiry, done_value, node_name, record_of_node,
+};
 pub(crate) use self::session::ZooKeeperOptions;
-use self::session::{BASE, Session, create_options};
+use self::session::{BASE, Session};
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
     ReleaseOutcome, ReleaseWatch, Renewal, Subscriber, key_matches, key_of_record,
@@ -69,8 +76,8 @@ fn duration_ms(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-fn fence_of(stat: &Stat) -> u64 {
-    u64::try_from(stat.czxid).unwrap_or(0)
+fn fence_of(zxid: i64) -> u64 {
+    u64::try_from(zxid).unwrap_or(0)
 }
 
 /// A store in ZooKeeper.
@@ -88,10 +95,25 @@ impl std::fmt::Debug for ZooKeeperBackend {
     }
 }
 
-/// A lock's record as read: its value and its node's stat.
+/// A lock's record node as read: its value and its stat.
 struct Read {
-    record: Record,
+    value: Value,
     stat: Stat,
+}
+
+impl Read {
+    /// The holder's record, when there is one.
+    fn held(&self) -> Option<&Record> {
+        match &self.value {
+            Value::Held(record) => Some(record),
+            Value::Free => None,
+        }
+    }
+
+    /// The record, when `token` holds it.
+    fn of(&self, token: &str) -> Option<&Record> {
+        self.held().filter(|r| r.token == token)
+    }
 }
 
 impl ZooKeeperBackend {
@@ -107,7 +129,7 @@ impl ZooKeeperBackend {
             format!("{BASE}/clock"),
         ] {
             match client
-                .create(&path, b"", &create_options(CreateMode::Persistent))
+                .create(&path, b"", &session.create_options(CreateMode::Persistent))
                 .await
             {
                 Ok(_) | Err(Error::NodeExists) => {}
@@ -123,7 +145,9 @@ impl ZooKeeperBackend {
             }
         }
         let probe = format!("{BASE}/ttl-probe-{}", session.client().session_id().0);
-        let ttl_node = create_options(CreateMode::Persistent).with_ttl(Duration::from_secs(60));
+        let ttl_node = session
+            .create_options(CreateMode::Persistent)
+            .with_ttl(Duration::from_secs(60));
         match client.create(&probe, b"", &ttl_node).await {
             Ok(_) | Err(Error::NodeExists) => {
                 let _ = client.delete(&probe, None).await;
@@ -149,12 +173,12 @@ impl ZooKeeperBackend {
         self.session.error(what, e, client)
     }
 
-    /// The record at `path`; None when there is none. A value this store did not write is
-    /// an error, and nothing is touched.
+    /// The record node at `path`; None when there is none. A value this store did not write
+    /// is an error, and nothing is touched.
     async fn read(&self, client: &Client, path: &str) -> Result<Option<Read>, LockError> {
         match client.get_data(path).await {
-            Ok((value, stat)) => match Record::decode(&value) {
-                Some(record) => Ok(Some(Read { record, stat })),
+            Ok((value, stat)) => match Value::decode(&value) {
+                Some(value) => Ok(Some(Read { value, stat })),
                 None => Err(LockError::config(format!(
                     "ZooKeeper node `{path}` holds something that is no lock record; it was left untouched"
                 ))),
@@ -174,6 +198,21 @@ impl ZooKeeperBackend {
         }
         let now = self.session.server_now().await?;
         Ok((expiry > now).then(|| duration_ms(expiry - now)))
+    }
+
+    /// The time left of the record read, None when nobody holds it (free, or expired).
+    async fn live(&self, read: &Read) -> Result<Option<Duration>, LockError> {
+        match read.held() {
+            Some(record) => self.left_until(record.expiry(read.stat.mtime)).await,
+            None => Ok(None),
+        }
+    }
+
+    /// True when the record read has certainly expired, by the last write's reading alone.
+    fn surely_expired(&self, record: &Record, stat: &Stat) -> bool {
+        self.session
+            .server_now_at_least()
+            .is_some_and(|now| record.expiry(stat.mtime) <= now)
     }
 
     /// The done marker's time left, None when there is none (or it has ended).
@@ -196,63 +235,48 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Creates the record: its stat, or None when a node is there.
-    async fn create(
+    /// Writes `value` at `path`: a create where there is no node (`version` None), else a
+    /// write at `version`. The node's stat after the write, or None when the node was not as
+    /// expected (made, changed or gone meanwhile).
+    async fn write(
         &self,
         client: &Client,
         path: &str,
         value: &[u8],
+        version: Option<i32>,
     ) -> Result<Option<Stat>, LockError> {
-        let options = create_options(CreateMode::Persistent).with_ttl(RECORD_NODE_TTL);
         let sent = Instant::now();
-        match client.create(path, value, &options).await {
-            Ok((stat, _)) => {
+        let written = match version {
+            None => {
+                let options = self
+                    .session
+                    .create_options(CreateMode::Persistent)
+                    .with_ttl(RECORD_NODE_TTL);
+                client
+                    .create(path, value, &options)
+                    .await
+                    .map(|(stat, _)| stat)
+            }
+            Some(version) => client.set_data(path, value, Some(version)).await,
+        };
+        match written {
+            Ok(stat) if stat.is_invalid() => Err(LockError::config(format!(
+                "ZooKeeper at `{}` answered a write without its stat: the lock store needs \
+                 ZooKeeper 3.5.3 or newer",
+                self.session.shown
+            ))),
+            Ok(stat) => {
                 self.session.note_time(stat.mtime, sent);
                 Ok(Some(stat))
             }
-            Err(Error::NodeExists) => Ok(None),
-            Err(e) => Err(self.error(&format!("creating `{path}` failed"), e, client)),
+            Err(Error::NodeExists | Error::BadVersion | Error::NoNode) => Ok(None),
+            Err(e) => Err(self.error(&format!("writing `{path}` failed"), e, client)),
         }
     }
 
-    /// Takes over an expired record (`read`): deletes it at the version read and creates
-    /// ours, in one transaction. None when the record changed meanwhile.
-    async fn take_over(
-        &self,
-        client: &Client,
-        path: &str,
-        read: &Read,
-        value: &[u8],
-    ) -> Result<Option<Stat>, LockError> {
-        let options = create_options(CreateMode::Persistent).with_ttl(RECORD_NODE_TTL);
-        let mut writer = client.new_multi_writer();
-        writer
-            .add_delete(path, Some(read.stat.version))
-            .and_then(|()| writer.add_create(path, value, &options))
-            .map_err(|e| self.error("building a transaction failed", e, client))?;
-        let sent = Instant::now();
-        match writer.commit().await {
-            Ok(results) => {
-                let stat = results.into_iter().find_map(|r| match r {
-                    MultiWriteResult::Create { stat, .. } => Some(stat),
-                    _ => None,
-                });
-                if let Some(stat) = &stat {
-                    self.session.note_time(stat.mtime, sent);
-                }
-                Ok(stat)
-            }
-            Err(MultiWriteError::OperationFailed {
-                source: Error::BadVersion | Error::NoNode | Error::NodeExists,
-                ..
-            }) => Ok(None),
-            Err(e) => Err(self.error(&format!("taking over `{path}` failed"), e.into(), client)),
-        }
-    }
-
-    /// After our create for a `once` request: a done marker written by a release just before
-    /// it means the work is done; the record just made is given back.
-    async fn done_after_create(
+    /// After our acquire for a `once` request: a done marker written by a release just
+    /// before it means the work is done; the record just taken is given back.
+    async fn done_after_acquire(
         &self,
         client: &Client,
         names: &KeyNames,
@@ -262,10 +286,7 @@ impl ZooKeeperBackend {
         let Some(pttl) = self.done_left(client, names).await? else {
             return Ok(None);
         };
-        match client.delete(path, Some(stat.version)).await {
-            Ok(()) | Err(Error::NoNode | Error::BadVersion) => {}
-            Err(e) => return Err(self.error(&format!("giving back `{path}` failed"), e, client)),
-        }
+        self.write(client, path, FREE, Some(stat.version)).await?;
         self.hub.notify(names.channel());
         Ok(Some(AcquireOutcome::Done { pttl: Some(pttl) }))
     }
@@ -275,56 +296,46 @@ impl ZooKeeperBackend {
         let path = record_path(&item.record);
         for _ in 0..TRIES {
             let read = match self.read(&client, &path).await {
-                Ok(Some(read)) if read.record.token == item.token => read,
-                Ok(_) => return Renewal::NotOurs,
+                Ok(Some(read)) => read,
+                Ok(None) | Err(LockError::Config(_)) => return Renewal::NotOurs,
                 Err(e) => return Renewal::Unknown(e.to_string()),
             };
-            let expiry = read.record.expiry(read.stat.mtime);
-            if self
-                .session
-                .server_now_at_least()
-                .is_some_and(|now| expiry <= now)
-            {
-                // Expired: another acquire may take it over at any moment.
+            let Some(record) = read.of(&item.token) else {
+                return Renewal::NotOurs;
+            };
+            if self.surely_expired(record, &read.stat) {
+                // Another acquire may take it over at any moment.
                 return Renewal::NotOurs;
             }
             let renewed = Record {
                 ttl_ms: ms(item.ttl),
-                floor_ms: expiry,
-                ..read.record
+                floor_ms: record.expiry(read.stat.mtime),
+                since_ms: Some(record.since(read.stat.mtime)),
+                fence: Some(record.fence(read.stat.mzxid)),
+                ..record.clone()
             };
-            let sent = Instant::now();
-            match client
-                .set_data(&path, &renewed.encode(), Some(read.stat.version))
+            match self
+                .write(&client, &path, &renewed.encode(), Some(read.stat.version))
                 .await
             {
-                Ok(stat) => {
-                    self.session.note_time(stat.mtime, sent);
-                    return Renewal::Renewed;
-                }
-                Err(Error::BadVersion) => continue,
-                Err(Error::NoNode) => return Renewal::NotOurs,
-                Err(e) => {
-                    return Renewal::Unknown(
-                        self.error(&format!("renewing `{path}` failed"), e, &client)
-                            .to_string(),
-                    );
-                }
+                Ok(Some(_)) => return Renewal::Renewed,
+                Ok(None) => continue, // written meanwhile: read again
+                Err(e) => return Renewal::Unknown(e.to_string()),
             }
         }
         Renewal::Unknown(format!("`{path}` kept changing while it was renewed"))
     }
 
     async fn view(&self, read: &Read) -> Result<Option<RecordView>, LockError> {
-        let Some(remaining) = self.left_until(read.record.expiry(read.stat.mtime)).await? else {
+        let (Some(record), Some(remaining)) = (read.held(), self.live(read).await?) else {
             return Ok(None);
         };
-        let now = self.session.server_now_at_most().unwrap_or(read.stat.ctime);
+        let now = self.session.server_now_at_most().unwrap_or(read.stat.mtime);
         Ok(Some(RecordView::new(
-            read.record.owner.clone(),
-            fence_of(&read.stat),
+            record.owner.clone(),
+            fence_of(record.fence(read.stat.mzxid)),
             Some(remaining),
-            duration_ms(now - read.stat.ctime),
+            duration_ms(now - record.since(read.stat.mtime)),
         )))
     }
 }
@@ -355,36 +366,49 @@ impl LockStore for ZooKeeperBackend {
             ttl_ms: ms(ttl),
             floor_ms: 0,
             hold_ms: ms(min_hold),
+            since_ms: None,
+            fence: None,
             owner: owner.to_owned(),
         }
         .encode();
+        let mut synced = false;
         for _ in 0..TRIES {
-            let created = match self.create(&client, &path, &value).await? {
-                Some(stat) => Some(stat),
-                None => {
-                    let Some(read) = self.read(&client, &path).await? else {
-                        continue; // released meanwhile
-                    };
-                    if read.record.token == token {
-                        // Our own create, sent again after its answer was lost.
+            let version = match self.read(&client, &path).await? {
+                None => None,
+                Some(read) => {
+                    if let Some(record) = read.of(token) {
+                        // Ours already: an answer lost, and the same acquire sent again.
                         return Ok(AcquireOutcome::Acquired {
-                            fence: fence_of(&read.stat),
+                            fence: fence_of(record.fence(read.stat.mzxid)),
                         });
                     }
-                    if let Some(pttl) = self.left_until(read.record.expiry(read.stat.mtime)).await?
-                    {
+                    if let Some(pttl) = self.live(&read).await? {
+                        // The member this session reads from may not have applied a release
+                        // yet: before answering "held", catch up with the leader once.
+                        if !synced {
+                            synced = true;
+                            client.sync(&path).await.map_err(|e| {
+                                self.error(&format!("syncing `{path}` failed"), e, &client)
+                            })?;
+                            continue;
+                        }
                         return Ok(AcquireOutcome::Held { pttl: Some(pttl) });
                     }
-                    self.take_over(&client, &path, &read, &value).await?
+                    Some(read.stat.version)
                 }
             };
-            let Some(stat) = created else { continue };
-            if once && let Some(done) = self.done_after_create(&client, names, &path, &stat).await?
+            let Some(stat) = self.write(&client, &path, &value, version).await? else {
+                continue; // someone else wrote it first: look again
+            };
+            if once
+                && let Some(done) = self
+                    .done_after_acquire(&client, names, &path, &stat)
+                    .await?
             {
                 return Ok(done);
             }
             return Ok(AcquireOutcome::Acquired {
-                fence: fence_of(&stat),
+                fence: fence_of(stat.mzxid),
             });
         }
         Ok(AcquireOutcome::Held { pttl: None })
@@ -401,7 +425,10 @@ impl LockStore for ZooKeeperBackend {
         let done = done_path(names.record());
         for _ in 0..TRIES {
             let read = self.read(&client, &path).await?;
-            let ours = read.as_ref().filter(|r| r.record.token == token);
+            let ours = read.as_ref().and_then(|read| {
+                let record = read.of(token)?;
+                (!self.surely_expired(record, &read.stat)).then_some((record, &read.stat))
+            });
             let mut writer = client.new_multi_writer();
             let mut outcome = ReleaseOutcome::NotOwner;
             let mut ops = 0;
@@ -411,7 +438,9 @@ impl LockStore for ZooKeeperBackend {
                     .check_stat(&done)
                     .await
                     .map_err(|e| self.error(&format!("reading `{done}` failed"), e, &client))?;
-                let options = create_options(CreateMode::Persistent)
+                let options = self
+                    .session
+                    .create_options(CreateMode::Persistent)
                     .with_ttl(retention.max(Duration::from_millis(1)));
                 existing
                     .map_or(Ok(()), |stat| writer.add_delete(&done, Some(stat.version)))
@@ -419,23 +448,27 @@ impl LockStore for ZooKeeperBackend {
                     .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
-            if let Some(read) = ours {
-                let hold_until = read.record.hold_until(read.stat.ctime);
-                let kept = read.record.hold_ms > 0 && self.left_until(hold_until).await?.is_some();
-                let built = if kept {
-                    let released = Record {
+            if let Some((record, stat)) = ours {
+                let hold_until = record.hold_until(stat.mtime);
+                let kept = record.hold_ms > 0 && self.left_until(hold_until).await?.is_some();
+                let value = if kept {
+                    outcome = ReleaseOutcome::KeptForMinHold;
+                    Record {
                         token: RELEASED.to_owned(),
                         ttl_ms: 0,
                         floor_ms: hold_until,
-                        ..read.record.clone()
-                    };
-                    outcome = ReleaseOutcome::KeptForMinHold;
-                    writer.add_set_data(&path, &released.encode(), Some(read.stat.version))
+                        since_ms: Some(record.since(stat.mtime)),
+                        fence: Some(record.fence(stat.mzxid)),
+                        ..record.clone()
+                    }
+                    .encode()
                 } else {
                     outcome = ReleaseOutcome::Released;
-                    writer.add_delete(&path, Some(read.stat.version))
+                    FREE.to_vec()
                 };
-                built.map_err(|e| self.error("building a transaction failed", e, &client))?;
+                writer
+                    .add_set_data(&path, &value, Some(stat.version))
+                    .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
             if ops == 0 {
@@ -538,24 +571,30 @@ impl LockStore for ZooKeeperBackend {
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         let client = self.session.client();
         let path = record_path(names.record());
-        let Some(read) = self.read(&client, &path).await? else {
-            return Ok(false);
-        };
-        if fence_of(&read.stat) != fence
-            || self
-                .left_until(read.record.expiry(read.stat.mtime))
-                .await?
-                .is_none()
-        {
-            return Ok(false);
-        }
-        match client.delete(&path, Some(read.stat.version)).await {
-            Ok(()) => {
-                self.hub.notify(names.channel());
-                Ok(true)
+        for _ in 0..TRIES {
+            let Some(read) = self.read(&client, &path).await? else {
+                return Ok(false);
+            };
+            let Some(record) = read.held() else {
+                return Ok(false);
+            };
+            if fence_of(record.fence(read.stat.mzxid)) != fence || self.live(&read).await?.is_none()
+            {
+                return Ok(false);
             }
-            Err(Error::NoNode | Error::BadVersion) => Ok(false),
-            Err(e) => Err(self.error(&format!("removing `{path}` failed"), e, &client)),
+            if self
+                .write(&client, &path, FREE, Some(read.stat.version))
+                .await?
+                .is_some()
+            {
+                self.hub.notify(names.channel());
+                return Ok(true);
+            }
+            // Written meanwhile (a renewal, or another holding): look again.
         }
+        Err(crate::BackendError::transient(format!(
+            "`{path}` kept changing while it was force-released"
+        ))
+        .into())
     }
 }

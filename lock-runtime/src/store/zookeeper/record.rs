@@ -9,61 +9,112 @@ const VERSION: &str = "v1";
 /// matches it.
 pub(super) const RELEASED: &str = "released";
 
-/// A lock record's value: `v1 <token> <ttl_ms> <floor_ms> <hold_ms> <owner>`.
+/// A record node's value while nobody holds the lock. The node stays (the server removes it
+/// once it has gone unwritten for long, see `RECORD_NODE_TTL`): ZooKeeper numbers a node's
+/// versions from 0 again when it is made again, so a write "at the version read" is sure to
+/// meet the record it read only on a node that is never deleted.
+pub(super) const FREE: &[u8] = b"v1 free";
+
+/// A lock record's value: `v1 <token> <ttl_ms> <floor_ms> <hold_ms> <since_ms> <fence> <owner>`.
 ///
 /// The record expires at `max(mtime + ttl_ms, floor_ms)`: a renewal writes the ttl it asks for
 /// and, as the floor, the expiry the record had before (so a renewal never shortens a lease,
-/// and all of it is on the server's clock). `hold_ms` is the request's min_hold, counted from
-/// the node's `ctime`.
+/// and all of it is on the server's clock). `since_ms` and `fence` are the `mtime` and `mzxid`
+/// of the write that acquired the lock: unknown (`-`) to that write itself, so the node's own
+/// stat stands for them until the first renewal writes them down (until then, the acquiring
+/// write is the node's last). `hold_ms` is the request's min_hold, counted from `since_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
     pub(super) token: String,
     pub(super) ttl_ms: i64,
     pub(super) floor_ms: i64,
     pub(super) hold_ms: i64,
+    pub(super) since_ms: Option<i64>,
+    pub(super) fence: Option<i64>,
     pub(super) owner: String,
+}
+
+/// A record node's value: a holder's record, or free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Value {
+    Free,
+    Held(Record),
 }
 
 impl Record {
     pub(super) fn encode(&self) -> Vec<u8> {
+        let known = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         format!(
-            "{VERSION} {} {} {} {} {}",
-            self.token, self.ttl_ms, self.floor_ms, self.hold_ms, self.owner
+            "{VERSION} {} {} {} {} {} {} {}",
+            self.token,
+            self.ttl_ms,
+            self.floor_ms,
+            self.hold_ms,
+            known(self.since_ms),
+            known(self.fence),
+            self.owner
         )
         .into_bytes()
     }
 
-    /// None for a value this store did not write.
-    pub(super) fn decode(value: &[u8]) -> Option<Record> {
-        let value = std::str::from_utf8(value).ok()?;
-        let mut parts = value.splitn(6, ' ');
-        if parts.next()? != VERSION {
-            return None;
-        }
-        let token = parts.next()?;
-        let ttl_ms = parts.next()?.parse().ok()?;
-        let floor_ms = parts.next()?.parse().ok()?;
-        let hold_ms = parts.next()?.parse().ok()?;
-        let owner = parts.next()?;
-        (!token.is_empty()).then(|| Record {
-            token: token.to_owned(),
-            ttl_ms,
-            floor_ms,
-            hold_ms,
-            owner: owner.to_owned(),
-        })
-    }
-
-    /// When the record expires, on the server's clock (ms since the epoch).
-    /// `mtime` is the node's.
+    /// When the record expires, on the server's clock (ms since the epoch); `mtime` is the
+    /// node's.
     pub(super) fn expiry(&self, mtime: i64) -> i64 {
         mtime.saturating_add(self.ttl_ms).max(self.floor_ms)
     }
 
-    /// Until when min_hold keeps the record, on the server's clock.
-    /// `ctime` is the node's.
-    pub(super) fn hold_until(&self, ctime: i64) -> i64 {
-        ctime.saturating_add(self.hold_ms)
+    /// When the holding began (server time); `mtime` is the node's.
+    pub(super) fn since(&self, mtime: i64) -> i64 {
+        self.since_ms.unwrap_or(mtime)
+    }
+
+    /// The holder's fence; `mzxid` is the node's.
+    pub(super) fn fence(&self, mzxid: i64) -> i64 {
+        self.fence.unwrap_or(mzxid)
+    }
+
+    /// Until when min_hold keeps the record, on the server's clock; `mtime` is the node's.
+    pub(super) fn hold_until(&self, mtime: i64) -> i64 {
+        self.since(mtime).saturating_add(self.hold_ms)
+    }
+}
+
+impl Value {
+    /// None for a value this store did not write.
+    pub(super) fn decode(value: &[u8]) -> Option<Value> {
+        if value == FREE {
+            return Some(Value::Free);
+        }
+        let value = std::str::from_utf8(value).ok()?;
+        let mut parts = value.splitn(8, ' ');
+        if parts.next()? != VERSION {
+            return None;
+        }
+        let known = |s: &str| -> Option<Option<i64>> {
+            if s == "-" {
+                Some(None)
+            } else {
+                s.parse().ok().map(Some)
+            }
+        };
+        let token = parts.next()?;
+        let ttl_ms = parts.next()?.parse().ok()?;
+        let floor_ms = parts.next()?.parse().ok()?;
+        let hold_ms = parts.next()?.parse().ok()?;
+        let since_ms = known(parts.next()?)?;
+        let fence = known(parts.next()?)?;
+        let owner = parts.next()?;
+        (!token.is_empty()).then(|| {
+            Value::Held(Record {
+                token: token.to_owned(),
+                ttl_ms,
+                floor_ms,
+                hold_ms,
+                since_ms,
+                fence,
+                owner: owner.to_owned(),
+            })
+        })
     }
 }
 
@@ -155,25 +206,46 @@ mod tests {
             ttl_ms: 1_000,
             floor_ms: 0,
             hold_ms: 300,
+            since_ms: None,
+            fence: None,
             owner: "host:1 worker a".into(),
         };
-        assert_eq!(Record::decode(&record.encode()), Some(record.clone()));
-        let (ctime, mtime) = (10_000, 12_000);
+        assert_eq!(
+            Value::decode(&record.encode()),
+            Some(Value::Held(record.clone()))
+        );
+        assert_eq!(Value::decode(FREE), Some(Value::Free));
+        let (mtime, mzxid) = (12_000, 77);
         assert_eq!(record.expiry(mtime), 13_000);
-        assert_eq!(record.hold_until(ctime), 10_300);
-        let floored = Record {
+        assert_eq!(
+            record.hold_until(mtime),
+            12_300,
+            "the acquiring write's mtime"
+        );
+        assert_eq!(record.fence(mzxid), 77, "the acquiring write's zxid");
+        let renewed = Record {
             floor_ms: 20_000,
+            since_ms: Some(10_000),
+            fence: Some(42),
             ..record
         };
-        assert_eq!(floored.expiry(mtime), 20_000, "a renewal never shortens");
+        assert_eq!(
+            Value::decode(&renewed.encode()),
+            Some(Value::Held(renewed.clone()))
+        );
+        assert_eq!(renewed.expiry(mtime), 20_000, "a renewal never shortens");
+        assert_eq!(renewed.hold_until(mtime), 10_300);
+        assert_eq!(renewed.fence(mzxid), 42);
         for foreign in [
-            &b"v2 t 1 0 0 me"[..],
-            b"v1  1 0 0 me",
-            b"v1 t x 0 0 me",
-            b"v1 t 1 0 0",
+            &b"v2 t 1 0 0 - - me"[..],
+            b"v1  1 0 0 - - me",
+            b"v1 t x 0 0 - - me",
+            b"v1 t 1 0 0 x - me",
+            b"v1 t 1 0 0 - -",
+            b"v1 freed",
             b"\xff",
         ] {
-            assert_eq!(Record::decode(foreign), None);
+            assert_eq!(Value::decode(foreign), None, "{foreign:?}");
         }
         assert_eq!(done_expiry(&done_value(500), mtime), Some(12_500));
         assert_eq!(done_expiry(b"nothing of ours", mtime), None);

@@ -46,10 +46,15 @@ pub(super) struct Session {
     reading: Mutex<Option<Reading>>,
 }
 
-/// Acls of every node this store creates: open, like the client's default; a shop that
-/// restricts its ensemble gives the store a chroot it may write.
-pub(super) fn create_options(mode: CreateMode) -> CreateOptions<'static> {
-    mode.with_acls(Acls::anyone_all())
+/// Acls of every node this store creates: with digest authentication, its user's alone
+/// (every runtime and lockctl given the same user may act on them); without, open, like the
+/// client's default.
+pub(super) fn create_options(mode: CreateMode, authenticated: bool) -> CreateOptions<'static> {
+    if authenticated {
+        mode.with_acls(Acls::creator_all())
+    } else {
+        mode.with_acls(Acls::anyone_all())
+    }
 }
 
 impl Session {
@@ -63,6 +68,11 @@ impl Session {
             renewing: tokio::sync::Mutex::new(()),
             reading: Mutex::new(None),
         })
+    }
+
+    /// How this store creates a node of `mode` (see [`create_options`]).
+    pub(super) fn create_options(&self, mode: CreateMode) -> CreateOptions<'static> {
+        create_options(mode, self.options.digest.is_some())
     }
 
     /// The current client (a cheap clone sharing its session).
@@ -81,6 +91,12 @@ impl Session {
             return Ok(());
         }
         let client = connect(&self.options, &self.shown).await?;
+        // A new session may be served by a member behind the one the old session saw: catch
+        // up before anything is read through it.
+        client
+            .sync(BASE)
+            .await
+            .map_err(|e| error("syncing a new session failed", &self.shown, e))?;
         *self.client.lock().unwrap_or_else(PoisonError::into_inner) = client;
         tracing::warn!(connect = %self.shown, "ZooKeeper session expired; a new one was opened");
         Ok(())
@@ -150,7 +166,9 @@ impl Session {
 pub(super) fn error(what: &str, shown: &str, e: Error) -> LockError {
     let transient = matches!(
         e,
-        Error::ConnectionLoss
+        // ZooKeeper's operation timeout, and a reconfiguration in progress.
+        Error::UnexpectedErrorCode(-7 | -13 | -14)
+            | Error::ConnectionLoss
             | Error::Timeout
             | Error::NoHosts
             | Error::SessionExpired
@@ -185,11 +203,8 @@ async fn connect(options: &ZooKeeperOptions, shown: &str) -> Result<Client, Lock
             && client.check_stat("/").await?.is_none()
         {
             let root = connector.connect(&options.connect[..at]).await?;
-            root.mkdir(
-                &options.connect[at..],
-                &create_options(CreateMode::Persistent),
-            )
-            .await?;
+            let acls = create_options(CreateMode::Persistent, options.digest.is_some());
+            root.mkdir(&options.connect[at..], &acls).await?;
         }
         Ok(client)
     };

@@ -104,19 +104,18 @@ impl PubSubConnection for WatchConn {
     /// reports `Subscribed` again); a session that ended takes its watches with it, so they
     /// are made again on the new session, and every waiter is woken.
     async fn disconnected(&mut self, watched: &[String]) -> bool {
-        let ended = self.watches.values().any(|task| task.is_finished());
-        if !ended {
+        let client = self.session.client();
+        if !client.state().is_terminated() {
             return false;
         }
-        let client = self.session.client();
-        if client.state().is_terminated()
-            && let Err(e) = self.session.renew(&client).await
-        {
-            tracing::warn!(error = %e, "ZooKeeper: no new session yet; waiters fall back to the holders' ttl");
+        if let Err(e) = self.session.renew(&client).await {
+            tracing::warn!(error = %e, "ZooKeeper: no new session yet");
         }
         for channel in watched {
             if let Err(e) = self.start(channel).await {
-                tracing::warn!(channel = %channel, error = %e, "ZooKeeper: could not watch again");
+                // Reported as ended, so the subscriber subscribes again (and keeps trying).
+                tracing::debug!(channel = %channel, error = %e, "ZooKeeper: could not watch again yet");
+                let _ = self.events.send(PubSubEvent::Unsubscribed(channel.clone()));
             }
         }
         true
