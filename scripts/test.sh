@@ -116,6 +116,11 @@ step "demos on etcd" cargo run -q --locked -p lock-tests --bin with_etcd -- \
     cargo run -q --locked -p lock-examples --example interest_posting
 step "demos on etcd" cargo run -q --locked -p lock-tests --bin with_etcd -- \
     cargo run -q --locked -p lock-examples --example multi_process
+# And on ZooKeeper (a one-member server started for them, ZOOKEEPER_CONNECT pointing at it).
+step "demos on ZooKeeper" cargo run -q --locked -p lock-tests --bin with_zookeeper -- \
+    cargo run -q --locked -p lock-examples --example interest_posting
+step "demos on ZooKeeper" cargo run -q --locked -p lock-tests --bin with_zookeeper -- \
+    cargo run -q --locked -p lock-examples --example multi_process
 
 # The benchmark table of docs/benchmarks.md is the one its results file gives (no hand edits).
 step "benchmark table" ./scripts/bench-table.sh --check

@@ -21,6 +21,10 @@
 //! or on etcd (the endpoints separated by commas; the ledger stays in memory):
 //!     ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p lock-examples --example interest_posting
 //!
+//! or on ZooKeeper (a connect string; its servers must take TTL nodes):
+//!
+//!     ZOOKEEPER_CONNECT=127.0.0.1:2181 cargo run -p lock-examples --example interest_posting
+//!
 //! `RUST_LOG=lock_runtime=info` shows every instance's report of every firing.
 
 use std::collections::BTreeMap;
@@ -80,10 +84,12 @@ async fn instance_runtime(name: &str, store: &MemoryStore) -> anyhow::Result<Loc
         std::env::var("DATABASE_URL"),
         std::env::var("REDIS_URL"),
         std::env::var("ETCD_ENDPOINTS"),
+        std::env::var("ZOOKEEPER_CONNECT"),
     ) {
-        (Ok(url), _, _) => builder.postgres(url),
-        (_, Ok(url), _) => builder.redis(url),
-        (_, _, Ok(endpoints)) => builder.etcd(endpoints.split(',').map(str::to_owned)),
+        (Ok(url), ..) => builder.postgres(url),
+        (_, Ok(url), ..) => builder.redis(url),
+        (_, _, Ok(endpoints), _) => builder.etcd(endpoints.split(',').map(str::to_owned)),
+        (.., Ok(connect)) => builder.zookeeper(connect),
         _ => builder.memory(store.clone()),
     };
     Ok(builder.build().await?)
@@ -107,6 +113,8 @@ async fn main() -> anyhow::Result<()> {
         "Redis (REDIS_URL)"
     } else if std::env::var("ETCD_ENDPOINTS").is_ok() {
         "etcd (ETCD_ENDPOINTS)"
+    } else if std::env::var("ZOOKEEPER_CONNECT").is_ok() {
+        "ZooKeeper (ZOOKEEPER_CONNECT)"
     } else {
         "the in-process memory store"
     };

@@ -13,6 +13,10 @@
 //! and with ETCD_ENDPOINTS (separated by commas) in etcd:
 //!
 //!     ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p lock-examples --example multi_process
+//!
+//! and with ZOOKEEPER_CONNECT in ZooKeeper (its servers must take TTL nodes):
+//!
+//!     ZOOKEEPER_CONNECT=127.0.0.1:2181 cargo run -p lock-examples --example multi_process
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -50,9 +54,11 @@ async fn child(url: String, run: u64) -> anyhow::Result<()> {
     let builder = match (
         std::env::var("DATABASE_URL"),
         std::env::var("ETCD_ENDPOINTS"),
+        std::env::var("ZOOKEEPER_CONNECT"),
     ) {
-        (Ok(database), _) => builder.postgres(database),
-        (_, Ok(endpoints)) => builder.etcd(endpoints.split(',').map(str::to_owned)),
+        (Ok(database), ..) => builder.postgres(database),
+        (_, Ok(endpoints), _) => builder.etcd(endpoints.split(',').map(str::to_owned)),
+        (.., Ok(connect)) => builder.zookeeper(connect),
         _ => builder.redis(url.as_str()),
     };
     let runtime = builder.build().await?;
@@ -125,6 +131,8 @@ async fn main() -> anyhow::Result<()> {
         println!("locking in PostgreSQL (DATABASE_URL); counting the runs in Redis");
     } else if std::env::var("ETCD_ENDPOINTS").is_ok() {
         println!("locking in etcd (ETCD_ENDPOINTS); counting the runs in Redis");
+    } else if std::env::var("ZOOKEEPER_CONNECT").is_ok() {
+        println!("locking in ZooKeeper (ZOOKEEPER_CONNECT); counting the runs in Redis");
     }
     // Every process fires its ticks at the same wall-clock instants.
     let run = now_ms() + 1000;

@@ -67,13 +67,16 @@ fn free(key: &str, got: Result<Option<LockGuard>, LockError>) -> LockGuard {
 }
 
 /// A builder on the store a worker process is given as `LOCK_URL`: `postgres://..`,
-/// `etcd:` and the endpoints separated by commas, or a Redis URL.
+/// `etcd:` and the endpoints separated by commas, `zookeeper:` and a connect string, or a
+/// Redis URL.
 pub fn builder_for(lock_url: &str) -> LockRuntimeBuilder {
     let builder = LockRuntime::builder();
     if lock_url.starts_with("postgres") {
         builder.postgres(lock_url)
     } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
         builder.etcd(endpoints.split(','))
+    } else if let Some(connect) = lock_url.strip_prefix("zookeeper:") {
+        builder.zookeeper(connect)
     } else {
         builder.redis(lock_url)
     }

@@ -46,6 +46,11 @@ impl ZooKeeperMember {
         format!("127.0.0.1:{}", self.client_port)
     }
 
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
