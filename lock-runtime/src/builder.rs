@@ -267,7 +267,7 @@ impl LockRuntimeBuilder {
     /// Lock in ZooKeeper (cargo feature `zookeeper`): the ensemble's connect string,
     /// `host:port,host:port[/chroot]`. One TTL node per held lock (the servers must run with
     /// `-Dzookeeper.extendedTypesEnabled=true`, ZooKeeper 3.5.3 or newer), fences from the
-    /// record's creation zxid, expiry on the server's clock, waiting by watches. For digest
+    /// zxid of the write that acquired, expiry on the server's clock, waiting by watches. For digest
     /// authentication see [`ZooKeeperStore::digest`](crate::ZooKeeperStore::digest).
     #[cfg(feature = "zookeeper")]
     pub fn zookeeper(self, connect: impl Into<String>) -> Self {

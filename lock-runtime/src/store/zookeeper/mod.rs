@@ -10,7 +10,10 @@
 //!   mean "the record I read" (a deleting design let eight takeovers of one expired record
 //!   all succeed). Not ephemeral: a lease's life is its ttl, chosen per lock, while a session
 //!   is one per process and lives by heartbeats; a node tied to the session would outlive a
-//!   stuck job's lease or vanish under a running one.
+//!   stuck job's lease or vanish under a running one. While held, the node has an ephemeral
+//!   child `h-<token>`, made by the acquiring transaction, so the server's sweep of expired
+//!   TTL nodes (which deletes what it listed without looking again, and refuses only nodes
+//!   with children) cannot remove a record just taken.
 //! - **Expiry**: at `max(mtime + ttl, floor)` of the node, on the server's clock (its
 //!   `mtime` is the leader's time at the write). An acquire that finds a record compares its
 //!   expiry with the server's time: known to be later from the last write this store made
@@ -26,8 +29,9 @@
 //!   acquiring write's `mtime`; a release before it ends writes the record as released,
 //!   expiring when min_hold ends.
 //! - **once**: `/distributed-locks/done/<name>`, a TTL node of the retention, written in the
-//!   same transaction as the release. An acquire checks it after its create, so a marker
-//!   written by a release just before cannot be missed.
+//!   same transaction as the release, which also writes the marker's end into the record's
+//!   value (carried on by every later write): an acquire checks both, the record in the read
+//!   its write is conditional on, so a marker written just before cannot be missed.
 //! - **Waiting**: a persistent watch on the record of each lock waited for ([`watch`]).
 
 use std::sync::Arc;
@@ -35,15 +39,13 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, Stat};
+use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
 
 mod record;
 mod session;
 mod watch;
 
-use self::record::{
-    FREE, RELEASED, Record, Value, done_expiry, done_value, node_name, record_of_node,
-};
+use self::record::{RELEASED, Record, Value, done_expiry, done_value, node_name, record_of_node};
 pub(crate) use self::session::ZooKeeperOptions;
 use self::session::{BASE, Session};
 use super::{
@@ -62,6 +64,11 @@ const TRIES: usize = 5;
 
 fn record_path(record: &str) -> String {
     format!("{BASE}/records/{}", node_name(record))
+}
+
+/// The ephemeral child that marks `token`'s holding of the record at `path` (see `take`).
+fn guard_path(path: &str, token: &str) -> String {
+    format!("{path}/h-{token}")
 }
 
 fn done_path(record: &str) -> String {
@@ -106,7 +113,7 @@ impl Read {
     fn held(&self) -> Option<&Record> {
         match &self.value {
             Value::Held(record) => Some(record),
-            Value::Free => None,
+            Value::Free { .. } => None,
         }
     }
 
@@ -235,60 +242,93 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Writes `value` at `path`: a create where there is no node (`version` None), else a
-    /// write at `version`. The node's stat after the write, or None when the node was not as
-    /// expected (made, changed or gone meanwhile).
+    /// Writes `value` at `path` at `version`: the node's stat after the write, or None when
+    /// the node was not as expected (changed or gone meanwhile).
     async fn write(
         &self,
         client: &Client,
         path: &str,
         value: &[u8],
-        version: Option<i32>,
+        version: i32,
     ) -> Result<Option<Stat>, LockError> {
         let sent = Instant::now();
-        let written = match version {
-            None => {
-                let options = self
-                    .session
-                    .create_options(CreateMode::Persistent)
-                    .with_ttl(RECORD_NODE_TTL);
-                client
-                    .create(path, value, &options)
-                    .await
-                    .map(|(stat, _)| stat)
-            }
-            Some(version) => client.set_data(path, value, Some(version)).await,
-        };
-        match written {
-            Ok(stat) if stat.is_invalid() => Err(LockError::config(format!(
-                "ZooKeeper at `{}` answered a write without its stat: the lock store needs \
-                 ZooKeeper 3.5.3 or newer",
-                self.session.shown
-            ))),
+        match client.set_data(path, value, Some(version)).await {
             Ok(stat) => {
                 self.session.note_time(stat.mtime, sent);
                 Ok(Some(stat))
             }
-            Err(Error::NodeExists | Error::BadVersion | Error::NoNode) => Ok(None),
+            Err(Error::BadVersion | Error::NoNode) => Ok(None),
             Err(e) => Err(self.error(&format!("writing `{path}` failed"), e, client)),
         }
     }
 
-    /// After our acquire for a `once` request: a done marker written by a release just
-    /// before it means the work is done; the record just taken is given back.
-    async fn done_after_acquire(
+    /// The acquiring write: our record at `path`, created where there is no node (`version`
+    /// None), else written at `version`; in the same transaction, an ephemeral child
+    /// `h-<token>` while we hold it. The server's sweep of expired TTL nodes deletes what it
+    /// listed without looking again, and refuses only a node with children: without the
+    /// child, a record node idle long enough to be listed could be deleted just after this
+    /// write, and a second acquirer would create it anew. The node's stat after the write, or
+    /// None when someone else wrote first.
+    async fn take(
         &self,
         client: &Client,
-        names: &KeyNames,
         path: &str,
-        stat: &Stat,
-    ) -> Result<Option<AcquireOutcome>, LockError> {
-        let Some(pttl) = self.done_left(client, names).await? else {
-            return Ok(None);
+        value: &[u8],
+        version: Option<i32>,
+        token: &str,
+    ) -> Result<Option<Stat>, LockError> {
+        let mut writer = client.new_multi_writer();
+        let record_node = self
+            .session
+            .create_options(CreateMode::Persistent)
+            .with_ttl(RECORD_NODE_TTL);
+        let guard = self.session.create_options(CreateMode::Ephemeral);
+        match version {
+            None => writer.add_create(path, value, &record_node),
+            Some(version) => writer.add_set_data(path, value, Some(version)),
+        }
+        .and_then(|()| writer.add_create(&guard_path(path, token), b"", &guard))
+        .map_err(|e| self.error("building a transaction failed", e, client))?;
+        let sent = Instant::now();
+        let results = match writer.commit().await {
+            Ok(results) => results,
+            Err(MultiWriteError::OperationFailed {
+                source: Error::NodeExists | Error::BadVersion | Error::NoNode,
+                ..
+            }) => return Ok(None),
+            Err(e) => {
+                return Err(self.error(&format!("writing `{path}` failed"), e.into(), client));
+            }
         };
-        self.write(client, path, FREE, Some(stat.version)).await?;
-        self.hub.notify(names.channel());
-        Ok(Some(AcquireOutcome::Done { pttl: Some(pttl) }))
+        let stat = results.into_iter().find_map(|result| match result {
+            MultiWriteResult::Create { stat, .. } | MultiWriteResult::SetData { stat } => {
+                Some(stat)
+            }
+            _ => None,
+        });
+        match stat {
+            Some(stat) if !stat.is_invalid() => {
+                self.session.note_time(stat.mtime, sent);
+                Ok(Some(stat))
+            }
+            _ => Err(LockError::config(format!(
+                "ZooKeeper at `{}` answered a write without its stat: the lock store needs \
+                 ZooKeeper 3.5.3 or newer",
+                self.session.shown
+            ))),
+        }
+    }
+
+    /// Removes the guard child of `token`'s holding, if it is there (best effort: it is
+    /// ephemeral, and goes with this session anyway).
+    async fn drop_guard(&self, client: &Client, path: &str, token: &str) {
+        let guard = guard_path(path, token);
+        match client.delete(&guard, None).await {
+            Ok(()) | Err(Error::NoNode) => {}
+            Err(e) => {
+                tracing::debug!(node = %guard, error = %e, "ZooKeeper: guard node left to its session")
+            }
+        }
     }
 
     async fn renew(&self, item: &ExtendItem) -> Renewal {
@@ -315,7 +355,7 @@ impl ZooKeeperBackend {
                 ..record.clone()
             };
             match self
-                .write(&client, &path, &renewed.encode(), Some(read.stat.version))
+                .write(&client, &path, &renewed.encode(), read.stat.version)
                 .await
             {
                 Ok(Some(_)) => return Renewal::Renewed,
@@ -361,21 +401,27 @@ impl LockStore for ZooKeeperBackend {
             return Ok(AcquireOutcome::Done { pttl: Some(pttl) });
         }
         let path = record_path(names.record());
-        let value = Record {
+        let mut record = Record {
             token: token.to_owned(),
             ttl_ms: ms(ttl),
             floor_ms: 0,
             hold_ms: ms(min_hold),
             since_ms: None,
             fence: None,
+            done_until_ms: 0,
             owner: owner.to_owned(),
-        }
-        .encode();
+        };
         let mut synced = false;
         for _ in 0..TRIES {
             let version = match self.read(&client, &path).await? {
                 None => None,
                 Some(read) => {
+                    if once
+                        && read.value.done_until() > 0
+                        && let Some(pttl) = self.left_until(read.value.done_until()).await?
+                    {
+                        return Ok(AcquireOutcome::Done { pttl: Some(pttl) });
+                    }
                     if let Some(record) = read.of(token) {
                         // Ours already: an answer lost, and the same acquire sent again.
                         return Ok(AcquireOutcome::Acquired {
@@ -394,19 +440,30 @@ impl LockStore for ZooKeeperBackend {
                         }
                         return Ok(AcquireOutcome::Held { pttl: Some(pttl) });
                     }
+                    // A node unwritten for a day and more may be on its way out (removed by
+                    // the server while a lagging member still shows it): catch up first.
+                    let idle_for = self
+                        .session
+                        .server_now_at_most()
+                        .map_or(0, |now| now - read.stat.mtime);
+                    if !synced && idle_for > ms(Duration::from_secs(86_400)) {
+                        synced = true;
+                        client.sync(&path).await.map_err(|e| {
+                            self.error(&format!("syncing `{path}` failed"), e, &client)
+                        })?;
+                        continue;
+                    }
+                    // The marker's end goes on with the record (see `Value`).
+                    record.done_until_ms = read.value.done_until();
                     Some(read.stat.version)
                 }
             };
-            let Some(stat) = self.write(&client, &path, &value, version).await? else {
+            let Some(stat) = self
+                .take(&client, &path, &record.encode(), version, token)
+                .await?
+            else {
                 continue; // someone else wrote it first: look again
             };
-            if once
-                && let Some(done) = self
-                    .done_after_acquire(&client, names, &path, &stat)
-                    .await?
-            {
-                return Ok(done);
-            }
             return Ok(AcquireOutcome::Acquired {
                 fence: fence_of(stat.mzxid),
             });
@@ -432,7 +489,14 @@ impl LockStore for ZooKeeperBackend {
             let mut writer = client.new_multi_writer();
             let mut outcome = ReleaseOutcome::NotOwner;
             let mut ops = 0;
+            // When the marker ends (server time, at least `retention` from now), 0 for none.
+            let mut done_until = 0;
             if let Some(retention) = done_retention {
+                let now = match self.session.server_now_at_most() {
+                    Some(now) => now,
+                    None => self.session.server_now().await?,
+                };
+                done_until = now.saturating_add(ms(retention));
                 // A fresh marker, so its node's own expiry is this retention's.
                 let existing = client
                     .check_stat(&done)
@@ -448,34 +512,74 @@ impl LockStore for ZooKeeperBackend {
                     .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
-            if let Some((record, stat)) = ours {
-                let hold_until = record.hold_until(stat.mtime);
-                let kept = record.hold_ms > 0 && self.left_until(hold_until).await?.is_some();
-                let value = if kept {
-                    outcome = ReleaseOutcome::KeptForMinHold;
-                    Record {
-                        token: RELEASED.to_owned(),
-                        ttl_ms: 0,
-                        floor_ms: hold_until,
-                        since_ms: Some(record.since(stat.mtime)),
-                        fence: Some(record.fence(stat.mzxid)),
-                        ..record.clone()
+            // The record's new value: ours released (or kept for min_hold), or, for a marker
+            // alone, the record as it is with the marker's end carried in.
+            let value = match (&read, ours) {
+                (_, Some((record, stat))) => {
+                    let hold_until = record.hold_until(stat.mtime);
+                    let done_until = done_until.max(record.done_until_ms);
+                    if record.hold_ms > 0 && self.left_until(hold_until).await?.is_some() {
+                        outcome = ReleaseOutcome::KeptForMinHold;
+                        Some(
+                            Record {
+                                token: RELEASED.to_owned(),
+                                ttl_ms: 0,
+                                floor_ms: hold_until,
+                                since_ms: Some(record.since(stat.mtime)),
+                                fence: Some(record.fence(stat.mzxid)),
+                                done_until_ms: done_until,
+                                ..record.clone()
+                            }
+                            .encode(),
+                        )
+                    } else {
+                        outcome = ReleaseOutcome::Released;
+                        Some(Value::free(done_until))
                     }
-                    .encode()
-                } else {
-                    outcome = ReleaseOutcome::Released;
-                    FREE.to_vec()
-                };
+                }
+                (Some(read), None) if done_until > 0 => Some(match &read.value {
+                    // Another holding's record: its expiry, fence and start stay as they are.
+                    Value::Held(other) => Record {
+                        ttl_ms: 0,
+                        floor_ms: other.expiry(read.stat.mtime),
+                        since_ms: Some(other.since(read.stat.mtime)),
+                        fence: Some(other.fence(read.stat.mzxid)),
+                        done_until_ms: done_until.max(other.done_until_ms),
+                        ..other.clone()
+                    }
+                    .encode(),
+                    Value::Free { done_until_ms } => Value::free(done_until.max(*done_until_ms)),
+                }),
+                (None, None) if done_until > 0 => {
+                    let options = self
+                        .session
+                        .create_options(CreateMode::Persistent)
+                        .with_ttl(RECORD_NODE_TTL);
+                    writer
+                        .add_create(&path, &Value::free(done_until), &options)
+                        .map_err(|e| self.error("building a transaction failed", e, &client))?;
+                    ops += 1;
+                    None
+                }
+                _ => None,
+            };
+            if let (Some(value), Some(read)) = (value, &read) {
                 writer
-                    .add_set_data(&path, &value, Some(stat.version))
+                    .add_set_data(&path, &value, Some(read.stat.version))
                     .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
             if ops == 0 {
+                if !token.is_empty() {
+                    self.drop_guard(&client, &path, token).await;
+                }
                 return Ok(ReleaseOutcome::NotOwner);
             }
             match writer.commit().await {
                 Ok(_) => {
+                    if !token.is_empty() {
+                        self.drop_guard(&client, &path, token).await;
+                    }
                     if outcome != ReleaseOutcome::NotOwner {
                         self.hub.notify(names.channel());
                     }
@@ -582,8 +686,9 @@ impl LockStore for ZooKeeperBackend {
             {
                 return Ok(false);
             }
+            let free = Value::free(read.value.done_until());
             if self
-                .write(&client, &path, FREE, Some(read.stat.version))
+                .write(&client, &path, &free, read.stat.version)
                 .await?
                 .is_some()
             {

@@ -9,13 +9,8 @@ const VERSION: &str = "v1";
 /// matches it.
 pub(super) const RELEASED: &str = "released";
 
-/// A record node's value while nobody holds the lock. The node stays (the server removes it
-/// once it has gone unwritten for long, see `RECORD_NODE_TTL`): ZooKeeper numbers a node's
-/// versions from 0 again when it is made again, so a write "at the version read" is sure to
-/// meet the record it read only on a node that is never deleted.
-pub(super) const FREE: &[u8] = b"v1 free";
-
-/// A lock record's value: `v1 <token> <ttl_ms> <floor_ms> <hold_ms> <since_ms> <fence> <owner>`.
+/// A lock record's value:
+/// `v1 <token> <ttl_ms> <floor_ms> <hold_ms> <since_ms> <fence> <done_until_ms> <owner>`.
 ///
 /// The record expires at `max(mtime + ttl_ms, floor_ms)`: a renewal writes the ttl it asks for
 /// and, as the floor, the expiry the record had before (so a renewal never shortens a lease,
@@ -23,6 +18,8 @@ pub(super) const FREE: &[u8] = b"v1 free";
 /// of the write that acquired the lock: unknown (`-`) to that write itself, so the node's own
 /// stat stands for them until the first renewal writes them down (until then, the acquiring
 /// write is the node's last). `hold_ms` is the request's min_hold, counted from `since_ms`.
+/// `done_until_ms` (server time, 0 for none) repeats the lock's `once` marker, written by the
+/// same transaction; every write of the node carries it on (see [`Value`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
     pub(super) token: String,
@@ -31,13 +28,22 @@ pub(super) struct Record {
     pub(super) hold_ms: i64,
     pub(super) since_ms: Option<i64>,
     pub(super) fence: Option<i64>,
+    pub(super) done_until_ms: i64,
     pub(super) owner: String,
 }
 
-/// A record node's value: a holder's record, or free.
+/// A record node's value: a holder's record, or free (`v1 free <done_until_ms>`).
+///
+/// The node stays when the lock is free (the server removes it once it has gone unwritten for
+/// long, see `RECORD_NODE_TTL`): ZooKeeper numbers a node's versions from 0 again when it is
+/// made again, so a write "at the version read" is sure to meet the record it read only on a
+/// node that is never deleted. It also carries the `once` marker's end: the marker's own node
+/// may be removed by the server's sweep of expired nodes just as a release writes it anew
+/// (the sweep deletes what it listed without looking again), and this copy is written in the
+/// same transaction on a node that has just been written, which no sweep removes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Value {
-    Free,
+    Free { done_until_ms: i64 },
     Held(Record),
 }
 
@@ -45,13 +51,14 @@ impl Record {
     pub(super) fn encode(&self) -> Vec<u8> {
         let known = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         format!(
-            "{VERSION} {} {} {} {} {} {} {}",
+            "{VERSION} {} {} {} {} {} {} {} {}",
             self.token,
             self.ttl_ms,
             self.floor_ms,
             self.hold_ms,
             known(self.since_ms),
             known(self.fence),
+            self.done_until_ms,
             self.owner
         )
         .into_bytes()
@@ -80,13 +87,27 @@ impl Record {
 }
 
 impl Value {
+    pub(super) fn free(done_until_ms: i64) -> Vec<u8> {
+        format!("{VERSION} free {done_until_ms}").into_bytes()
+    }
+
+    /// Until when the lock's work is done (server time; 0: no marker).
+    pub(super) fn done_until(&self) -> i64 {
+        match self {
+            Value::Free { done_until_ms } => *done_until_ms,
+            Value::Held(record) => record.done_until_ms,
+        }
+    }
+
     /// None for a value this store did not write.
     pub(super) fn decode(value: &[u8]) -> Option<Value> {
-        if value == FREE {
-            return Some(Value::Free);
-        }
         let value = std::str::from_utf8(value).ok()?;
-        let mut parts = value.splitn(8, ' ');
+        if let Some(done) = value.strip_prefix("v1 free ") {
+            return Some(Value::Free {
+                done_until_ms: done.parse().ok()?,
+            });
+        }
+        let mut parts = value.splitn(9, ' ');
         if parts.next()? != VERSION {
             return None;
         }
@@ -103,6 +124,7 @@ impl Value {
         let hold_ms = parts.next()?.parse().ok()?;
         let since_ms = known(parts.next()?)?;
         let fence = known(parts.next()?)?;
+        let done_until_ms = parts.next()?.parse().ok()?;
         let owner = parts.next()?;
         (!token.is_empty()).then(|| {
             Value::Held(Record {
@@ -112,6 +134,7 @@ impl Value {
                 hold_ms,
                 since_ms,
                 fence,
+                done_until_ms,
                 owner: owner.to_owned(),
             })
         })
@@ -208,13 +231,17 @@ mod tests {
             hold_ms: 300,
             since_ms: None,
             fence: None,
+            done_until_ms: 0,
             owner: "host:1 worker a".into(),
         };
         assert_eq!(
             Value::decode(&record.encode()),
             Some(Value::Held(record.clone()))
         );
-        assert_eq!(Value::decode(FREE), Some(Value::Free));
+        assert_eq!(
+            Value::decode(&Value::free(99)),
+            Some(Value::Free { done_until_ms: 99 })
+        );
         let (mtime, mzxid) = (12_000, 77);
         assert_eq!(record.expiry(mtime), 13_000);
         assert_eq!(
@@ -227,6 +254,7 @@ mod tests {
             floor_ms: 20_000,
             since_ms: Some(10_000),
             fence: Some(42),
+            done_until_ms: 30_000,
             ..record
         };
         assert_eq!(
@@ -236,13 +264,19 @@ mod tests {
         assert_eq!(renewed.expiry(mtime), 20_000, "a renewal never shortens");
         assert_eq!(renewed.hold_until(mtime), 10_300);
         assert_eq!(renewed.fence(mzxid), 42);
+        assert_eq!(
+            Value::decode(&renewed.encode()).map(|v| v.done_until()),
+            Some(30_000)
+        );
         for foreign in [
-            &b"v2 t 1 0 0 - - me"[..],
-            b"v1  1 0 0 - - me",
-            b"v1 t x 0 0 - - me",
-            b"v1 t 1 0 0 x - me",
-            b"v1 t 1 0 0 - -",
-            b"v1 freed",
+            &b"v2 t 1 0 0 - - 0 me"[..],
+            b"v1  1 0 0 - - 0 me",
+            b"v1 t x 0 0 - - 0 me",
+            b"v1 t 1 0 0 x - 0 me",
+            b"v1 t 1 0 0 - - x me",
+            b"v1 t 1 0 0 - - 0",
+            b"v1 free",
+            b"v1 free x",
             b"\xff",
         ] {
             assert_eq!(Value::decode(foreign), None, "{foreign:?}");

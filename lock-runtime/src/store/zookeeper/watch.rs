@@ -1,13 +1,13 @@
 //! Waiting on ZooKeeper: a persistent watch on the record node of each lock someone waits
-//! for. A release deletes the record (or, with min_hold, rewrites it): either event wakes the
-//! lock's waiters, through the shared [`Subscriber`].
+//! for. A release writes the record (free, or kept for min_hold): the event wakes the lock's
+//! waiters, through the shared [`Subscriber`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use zookeeper_client::{AddWatchMode, EventType, SessionState};
+use zookeeper_client::{AddWatchMode, EventType, SessionId, SessionState};
 
 use super::record_path;
 use super::session::Session;
@@ -28,9 +28,9 @@ pub(super) fn subscriber(session: Arc<Session>, hub: Arc<ReleaseHub>) -> Subscri
 struct WatchConn {
     session: Arc<Session>,
     events: mpsc::UnboundedSender<PubSubEvent>,
-    /// The task turning each watched channel's node events into reports; aborting it drops
-    /// its watcher, which removes the watch.
-    watches: HashMap<String, JoinHandle<()>>,
+    /// The task turning each watched channel's node events into reports, with the session
+    /// its watch was made on; aborting it drops its watcher, which removes the watch.
+    watches: HashMap<String, (JoinHandle<()>, SessionId)>,
 }
 
 impl WatchConn {
@@ -73,7 +73,10 @@ impl WatchConn {
                 }
             }
         });
-        if let Some(old) = self.watches.insert(channel.to_owned(), task) {
+        if let Some((old, _)) = self
+            .watches
+            .insert(channel.to_owned(), (task, client.session_id()))
+        {
             old.abort();
         }
         Ok(())
@@ -82,7 +85,7 @@ impl WatchConn {
 
 impl Drop for WatchConn {
     fn drop(&mut self) {
-        for task in self.watches.values() {
+        for (task, _) in self.watches.values() {
             task.abort();
         }
     }
@@ -94,7 +97,7 @@ impl PubSubConnection for WatchConn {
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> Result<(), LockError> {
-        if let Some(task) = self.watches.remove(channel) {
+        if let Some((task, _)) = self.watches.remove(channel) {
             task.abort();
         }
         Ok(())
@@ -104,14 +107,28 @@ impl PubSubConnection for WatchConn {
     /// reports `Subscribed` again); a session that ended takes its watches with it, so they
     /// are made again on the new session, and every waiter is woken.
     async fn disconnected(&mut self, watched: &[String]) -> bool {
-        let client = self.session.client();
-        if !client.state().is_terminated() {
+        let mut client = self.session.client();
+        if client.state().is_terminated() {
+            if let Err(e) = self.session.renew(&client).await {
+                tracing::warn!(error = %e, "ZooKeeper: no new session yet");
+            }
+            client = self.session.client();
+        }
+        // Watches of a session that ended (the store may have replaced it already, on
+        // another call's error) went with it: made again on the current one.
+        let current = client.session_id();
+        let lost: Vec<&String> = watched
+            .iter()
+            .filter(|channel| {
+                self.watches
+                    .get(*channel)
+                    .is_none_or(|(task, session)| task.is_finished() || *session != current)
+            })
+            .collect();
+        if lost.is_empty() {
             return false;
         }
-        if let Err(e) = self.session.renew(&client).await {
-            tracing::warn!(error = %e, "ZooKeeper: no new session yet");
-        }
-        for channel in watched {
+        for channel in lost {
             if let Err(e) = self.start(channel).await {
                 // Reported as ended, so the subscriber subscribes again (and keeps trying).
                 tracing::debug!(channel = %channel, error = %e, "ZooKeeper: could not watch again yet");
