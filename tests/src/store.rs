@@ -217,11 +217,6 @@ impl lock_testkit::Harness for TestStore {
         TestStore::delete_record(self, key)
     }
 
-    fn keeps_history(&self) -> bool {
-        // The ZooKeeper store keeps no run history yet.
-        !matches!(self, TestStore::ZooKeeper(_))
-    }
-
     fn clock_granularity(&self) -> std::time::Duration {
         match self {
             // Fine to the millisecond, but the expiry of a record nobody takes over comes

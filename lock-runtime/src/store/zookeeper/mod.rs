@@ -33,6 +33,7 @@
 //!   value (carried on by every later write): an acquire checks both, the record in the read
 //!   its write is conditional on, so a marker written just before cannot be missed.
 //! - **Waiting**: a persistent watch on the record of each lock waited for ([`watch`]).
+//! - **Run history**: a sequential TTL node per run under a container per job ([`journal`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
 
+mod journal;
 mod record;
 mod session;
 mod watch;
@@ -50,7 +52,7 @@ pub(crate) use self::session::ZooKeeperOptions;
 use self::session::{BASE, Session};
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
-    ReleaseOutcome, ReleaseWatch, Renewal, Subscriber, key_matches, key_of_record,
+    ReleaseOutcome, ReleaseWatch, Renewal, Retention, Subscriber, key_matches, key_of_record,
 };
 use crate::LockError;
 
@@ -134,6 +136,7 @@ impl ZooKeeperBackend {
             format!("{BASE}/records"),
             format!("{BASE}/done"),
             format!("{BASE}/clock"),
+            format!("{BASE}/runs"),
         ] {
             match client
                 .create(&path, b"", &session.create_options(CreateMode::Persistent))
@@ -670,6 +673,29 @@ impl LockStore for ZooKeeperBackend {
             }
         }
         Ok(found)
+    }
+
+    async fn append_run(
+        &self,
+        namespace: &str,
+        job: &str,
+        entry: &str,
+        keep: &Retention,
+    ) -> Result<(), LockError> {
+        self.append_run_node(namespace, job, entry, keep).await
+    }
+
+    async fn runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, LockError> {
+        self.run_nodes(namespace, job, limit).await
+    }
+
+    async fn journalled_jobs(&self, namespace: &str) -> Result<Vec<String>, LockError> {
+        self.journalled_job_nodes(namespace).await
     }
 
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
