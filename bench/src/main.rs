@@ -8,6 +8,7 @@
 //! cargo run --release -p lock-bench -- --json results.json
 //! cargo run --release -p lock-bench -- --postgres-only  # the PostgreSQL rows alone
 //! cargo run --release -p lock-bench -- --etcd-only [--quick]  # the etcd rows alone, printed
+//! cargo run --release -p lock-bench -- --zookeeper-only [--quick] [--json PATH]  # the ZooKeeper rows alone
 //! cargo run -p lock-bench -- --table results.json       # the table of docs/benchmarks.md from a results file
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
 //! cargo run --release -p lock-bench -- --macro-overhead [--redis] [--quick] [--json PATH]  # row 6 taken apart
@@ -32,6 +33,7 @@ mod pg;
 mod rows;
 mod sys;
 mod table;
+mod zookeeper;
 
 use peers::{Impl, RawLock, rslock_once};
 
@@ -116,6 +118,7 @@ async fn main() -> anyhow::Result<()> {
     let mut on_redis = false;
     let mut ours_only = false;
     let mut etcd_only = false;
+    let mut zookeeper_only = false;
     let mut profile: Option<(usize, f64)> = None;
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -128,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
             "--redis" => on_redis = true,
             "--ours-only" => ours_only = true,
             "--etcd-only" => etcd_only = true,
+            "--zookeeper-only" => zookeeper_only = true,
             "--profile" => {
                 let which = match iter.next().map(String::as_str) {
                     Some("raw") => 0,
@@ -157,7 +161,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --script-costs, --throughput, --macro-overhead [--redis] or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --zookeeper-only, --script-costs, --throughput, --macro-overhead [--redis] or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
             ),
         }
     }
@@ -200,6 +204,30 @@ async fn main() -> anyhow::Result<()> {
                 "ns_per_pair": found.medians.iter().map(|(label, ns)| json!({"variant": label, "ns": ns})).collect::<Vec<_>>(),
                 "provenance": sys::provenance(),
             });
+            std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+            println!("\nwrote {path}");
+        }
+        return Ok(());
+    }
+    if zookeeper_only {
+        let rows = zookeeper::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
+        println!("ZooKeeper {} (1 member):", rows.server_version);
+        for (tasks, pair) in [(1, rows.one), (64, rows.many)] {
+            println!(
+                "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
+                pair[0],
+                pair[1],
+                pair[1] / pair[0].max(1e-9)
+            );
+        }
+        println!(
+            "  handoff p50 / p99: {:.2} / {:.2} ms",
+            ms(rows.handoff_p50),
+            ms(rows.handoff_p99)
+        );
+        if let Some(path) = json_path {
+            let report =
+                json!({"zookeeper": zookeeper_json(&rows), "provenance": sys::provenance()});
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             println!("\nwrote {path}");
         }
@@ -370,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
 
     let pg = pg::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
     let etcd_rows = etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
+    let zookeeper_rows = zookeeper::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
     let min = counts.iter().copied().min().unwrap_or(0);
     let max = counts.iter().copied().max().unwrap_or(0);
     let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
@@ -511,6 +540,7 @@ async fn main() -> anyhow::Result<()> {
         "provenance": sys::provenance(),
         "postgres": pg_json(&pg),
         "etcd": etcd_json(&etcd_rows),
+        "zookeeper": zookeeper_json(&zookeeper_rows),
         "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
     });
     println!();
@@ -540,6 +570,20 @@ async fn implementations(url: &str) -> anyhow::Result<(LockRuntime, Vec<Arc<Impl
         )),
     ];
     Ok((ours_runtime, impls))
+}
+
+/// The ZooKeeper rows as JSON.
+fn zookeeper_json(rows: &zookeeper::ZooKeeperRows) -> serde_json::Value {
+    json!({
+        "server_version": rows.server_version,
+        "members": 1,
+        "implementations": ["hand-written ephemeral node create + delete", "ours (programmatic)"],
+        "pairs_per_s_1_task": rows.one,
+        "pairs_per_s_64_tasks": rows.many,
+        "ours_vs_hand_1_task": rows.one[1] / rows.one[0],
+        "ours_vs_hand_64_tasks": rows.many[1] / rows.many[0],
+        "handoff_ms": {"p50": ms(rows.handoff_p50), "p99": ms(rows.handoff_p99)},
+    })
 }
 
 /// The etcd rows as JSON.

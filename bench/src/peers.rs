@@ -79,6 +79,8 @@ pub(crate) enum Impl {
     PgHand(crate::pg::HandPg),
     /// A hand-written lock on etcd.
     EtcdHand(Box<crate::etcd::HandEtcd>),
+    /// A hand-written lock on ZooKeeper (an ephemeral node).
+    ZooKeeperHand(Box<crate::zookeeper::HandZooKeeper>),
 }
 
 impl Impl {
@@ -92,6 +94,7 @@ impl Impl {
             Impl::AsyncRedisLock(_) => "async-redis-lock 0.4",
             Impl::PgHand(_) => "hand-written INSERT .. ON CONFLICT + DELETE (baseline)",
             Impl::EtcdHand(_) => "hand-written lease + txn put + txn delete (baseline)",
+            Impl::ZooKeeperHand(_) => "hand-written ephemeral node create + delete (baseline)",
         }
     }
 
@@ -174,6 +177,7 @@ impl Impl {
             }
             Impl::PgHand(hand) => hand.pair(key).await?,
             Impl::EtcdHand(hand) => hand.pair(key).await?,
+            Impl::ZooKeeperHand(hand) => hand.pair(key).await?,
         }
         Ok(())
     }

@@ -62,6 +62,9 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
     if r.get("etcd").is_some() {
         etcd_rows(r, &mut out)?;
     }
+    if r.get("zookeeper").is_some() {
+        zookeeper_rows(r, &mut out)?;
+    }
     if let Some(targets) = r.get("targets").and_then(Value::as_array) {
         writeln!(out, "\n```text\ntargets:")?;
         for t in targets {
@@ -215,6 +218,31 @@ fn watchdog_row(r: &Value, out: &mut String, row: &str, key: &str) -> anyhow::Re
         num(w, "/leases_renewed_per_s")?,
         num(w, "/cpu_percent")?,
         num(w, "/peak_rss_mib")?,
+    )?;
+    Ok(())
+}
+
+fn zookeeper_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
+    let zk = r.get("zookeeper").context("no ZooKeeper rows")?;
+    let version = text(zk, "/server_version");
+    for (label, key, tasks) in [("1", "1_task", "1 task"), ("2", "64_tasks", "64 tasks")] {
+        let hand = num(zk, &format!("/pairs_per_s_{key}/0"))?;
+        let ours = num(zk, &format!("/pairs_per_s_{key}/1"))?;
+        writeln!(
+            out,
+            "| {label}. pairs/s, {tasks}, ZooKeeper {version} (1 member) | hand-written ephemeral node create + delete | {hand:.0} | baseline |"
+        )?;
+        writeln!(
+            out,
+            "| {label}. pairs/s, {tasks}, ZooKeeper {version} (1 member) | ours (programmatic) | {ours:.0} | {:.2}x |",
+            ours / hand.max(1e-9)
+        )?;
+    }
+    writeln!(
+        out,
+        "| 3. handoff p50 / p99, ZooKeeper {version} (1 member) | ours (watch) | {:.2} / {:.2} ms | |",
+        num(zk, "/handoff_ms/p50")?,
+        num(zk, "/handoff_ms/p99")?,
     )?;
     Ok(())
 }
