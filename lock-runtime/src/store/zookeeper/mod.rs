@@ -39,15 +39,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
-use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
+use zookeeper_client::{CreateMode, Error, MultiWriteError};
 
 mod journal;
+mod nodes;
 mod record;
 mod session;
 mod watch;
 
-use self::record::{RELEASED, Record, Value, done_expiry, done_value, node_name, record_of_node};
+use self::record::{RELEASED, Record, Value, done_value, node_name, record_of_node};
 pub(crate) use self::session::ZooKeeperOptions;
 use self::session::{BASE, Session};
 use super::{
@@ -104,27 +104,6 @@ impl std::fmt::Debug for ZooKeeperBackend {
     }
 }
 
-/// A lock's record node as read: its value and its stat.
-struct Read {
-    value: Value,
-    stat: Stat,
-}
-
-impl Read {
-    /// The holder's record, when there is one.
-    fn held(&self) -> Option<&Record> {
-        match &self.value {
-            Value::Held(record) => Some(record),
-            Value::Free { .. } => None,
-        }
-    }
-
-    /// The record, when `token` holds it.
-    fn of(&self, token: &str) -> Option<&Record> {
-        self.held().filter(|r| r.token == token)
-    }
-}
-
 impl ZooKeeperBackend {
     /// Connects, creates the store's four fixed nodes where missing, and checks that the
     /// servers take TTL nodes and that this client may write.
@@ -177,209 +156,6 @@ impl ZooKeeperBackend {
             hub: Arc::new(ReleaseHub::default()),
             subscriber: OnceCell::new(),
         })
-    }
-
-    fn error(&self, what: &str, e: Error, client: &Client) -> LockError {
-        self.session.error(what, e, client)
-    }
-
-    /// The record node at `path`; None when there is none. A value this store did not write
-    /// is an error, and nothing is touched.
-    async fn read(&self, client: &Client, path: &str) -> Result<Option<Read>, LockError> {
-        match client.get_data(path).await {
-            Ok((value, stat)) => match Value::decode(&value) {
-                Some(value) => Ok(Some(Read { value, stat })),
-                None => Err(LockError::config(format!(
-                    "ZooKeeper node `{path}` holds something that is no lock record; it was left untouched"
-                ))),
-            },
-            Err(Error::NoNode) => Ok(None),
-            Err(e) => Err(self.error(&format!("reading `{path}` failed"), e, client)),
-        }
-    }
-
-    /// How long until `expiry` (server time), or None once it has passed: from the last
-    /// write's reading when that settles it, else by reading the server's clock.
-    async fn left_until(&self, expiry: i64) -> Result<Option<Duration>, LockError> {
-        if let Some(latest) = self.session.server_now_at_most()
-            && expiry > latest
-        {
-            return Ok(Some(duration_ms(expiry - latest)));
-        }
-        let now = self.session.server_now().await?;
-        Ok((expiry > now).then(|| duration_ms(expiry - now)))
-    }
-
-    /// The time left of the record read, None when nobody holds it (free, or expired).
-    async fn live(&self, read: &Read) -> Result<Option<Duration>, LockError> {
-        match read.held() {
-            Some(record) => self.left_until(record.expiry(read.stat.mtime)).await,
-            None => Ok(None),
-        }
-    }
-
-    /// True when the record read has certainly expired, by the last write's reading alone.
-    fn surely_expired(&self, record: &Record, stat: &Stat) -> bool {
-        self.session
-            .server_now_at_least()
-            .is_some_and(|now| record.expiry(stat.mtime) <= now)
-    }
-
-    /// The done marker's time left, None when there is none (or it has ended).
-    async fn done_left(
-        &self,
-        client: &Client,
-        names: &KeyNames,
-    ) -> Result<Option<Duration>, LockError> {
-        let path = done_path(names.record());
-        let expiry = match client.get_data(&path).await {
-            Ok((value, stat)) => done_expiry(&value, stat.mtime),
-            Err(Error::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(&format!("reading `{path}` failed"), e, client)),
-        };
-        match expiry {
-            Some(expiry) => self.left_until(expiry).await,
-            None => Err(LockError::config(format!(
-                "ZooKeeper node `{path}` holds something that is no done marker; it was left untouched"
-            ))),
-        }
-    }
-
-    /// Writes `value` at `path` at `version`: the node's stat after the write, or None when
-    /// the node was not as expected (changed or gone meanwhile).
-    async fn write(
-        &self,
-        client: &Client,
-        path: &str,
-        value: &[u8],
-        version: i32,
-    ) -> Result<Option<Stat>, LockError> {
-        let sent = Instant::now();
-        match client.set_data(path, value, Some(version)).await {
-            Ok(stat) => {
-                self.session.note_time(stat.mtime, sent);
-                Ok(Some(stat))
-            }
-            Err(Error::BadVersion | Error::NoNode) => Ok(None),
-            Err(e) => Err(self.error(&format!("writing `{path}` failed"), e, client)),
-        }
-    }
-
-    /// The acquiring write: our record at `path`, created where there is no node (`version`
-    /// None), else written at `version`; in the same transaction, an ephemeral child
-    /// `h-<token>` while we hold it. The server's sweep of expired TTL nodes deletes what it
-    /// listed without looking again, and refuses only a node with children: without the
-    /// child, a record node idle long enough to be listed could be deleted just after this
-    /// write, and a second acquirer would create it anew. The node's stat after the write, or
-    /// None when someone else wrote first.
-    async fn take(
-        &self,
-        client: &Client,
-        path: &str,
-        value: &[u8],
-        version: Option<i32>,
-        token: &str,
-    ) -> Result<Option<Stat>, LockError> {
-        let mut writer = client.new_multi_writer();
-        let record_node = self
-            .session
-            .create_options(CreateMode::Persistent)
-            .with_ttl(RECORD_NODE_TTL);
-        let guard = self.session.create_options(CreateMode::Ephemeral);
-        match version {
-            None => writer.add_create(path, value, &record_node),
-            Some(version) => writer.add_set_data(path, value, Some(version)),
-        }
-        .and_then(|()| writer.add_create(&guard_path(path, token), b"", &guard))
-        .map_err(|e| self.error("building a transaction failed", e, client))?;
-        let sent = Instant::now();
-        let results = match writer.commit().await {
-            Ok(results) => results,
-            Err(MultiWriteError::OperationFailed {
-                source: Error::NodeExists | Error::BadVersion | Error::NoNode,
-                ..
-            }) => return Ok(None),
-            Err(e) => {
-                return Err(self.error(&format!("writing `{path}` failed"), e.into(), client));
-            }
-        };
-        let stat = results.into_iter().find_map(|result| match result {
-            MultiWriteResult::Create { stat, .. } | MultiWriteResult::SetData { stat } => {
-                Some(stat)
-            }
-            _ => None,
-        });
-        match stat {
-            Some(stat) if !stat.is_invalid() => {
-                self.session.note_time(stat.mtime, sent);
-                Ok(Some(stat))
-            }
-            _ => Err(LockError::config(format!(
-                "ZooKeeper at `{}` answered a write without its stat: the lock store needs \
-                 ZooKeeper 3.5.3 or newer",
-                self.session.shown
-            ))),
-        }
-    }
-
-    /// Removes the guard child of `token`'s holding, if it is there (best effort: it is
-    /// ephemeral, and goes with this session anyway).
-    async fn drop_guard(&self, client: &Client, path: &str, token: &str) {
-        let guard = guard_path(path, token);
-        match client.delete(&guard, None).await {
-            Ok(()) | Err(Error::NoNode) => {}
-            Err(e) => {
-                tracing::debug!(node = %guard, error = %e, "ZooKeeper: guard node left to its session")
-            }
-        }
-    }
-
-    async fn renew(&self, item: &ExtendItem) -> Renewal {
-        let client = self.session.client();
-        let path = record_path(&item.record);
-        for _ in 0..TRIES {
-            let read = match self.read(&client, &path).await {
-                Ok(Some(read)) => read,
-                Ok(None) | Err(LockError::Config(_)) => return Renewal::NotOurs,
-                Err(e) => return Renewal::Unknown(e.to_string()),
-            };
-            let Some(record) = read.of(&item.token) else {
-                return Renewal::NotOurs;
-            };
-            if self.surely_expired(record, &read.stat) {
-                // Another acquire may take it over at any moment.
-                return Renewal::NotOurs;
-            }
-            let renewed = Record {
-                ttl_ms: ms(item.ttl),
-                floor_ms: record.expiry(read.stat.mtime),
-                since_ms: Some(record.since(read.stat.mtime)),
-                fence: Some(record.fence(read.stat.mzxid)),
-                ..record.clone()
-            };
-            match self
-                .write(&client, &path, &renewed.encode(), read.stat.version)
-                .await
-            {
-                Ok(Some(_)) => return Renewal::Renewed,
-                Ok(None) => continue, // written meanwhile: read again
-                Err(e) => return Renewal::Unknown(e.to_string()),
-            }
-        }
-        Renewal::Unknown(format!("`{path}` kept changing while it was renewed"))
-    }
-
-    async fn view(&self, read: &Read) -> Result<Option<RecordView>, LockError> {
-        let (Some(record), Some(remaining)) = (read.held(), self.live(read).await?) else {
-            return Ok(None);
-        };
-        let now = self.session.server_now_at_most().unwrap_or(read.stat.mtime);
-        Ok(Some(RecordView::new(
-            record.owner.clone(),
-            fence_of(record.fence(read.stat.mzxid)),
-            Some(remaining),
-            duration_ms(now - record.since(read.stat.mtime)),
-        )))
     }
 }
 
