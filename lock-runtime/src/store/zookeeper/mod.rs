@@ -400,7 +400,9 @@ impl LockStore for ZooKeeperBackend {
 
     async fn inspect(&self, names: &KeyNames) -> Result<Option<RecordView>, LockError> {
         let client = self.session.client();
-        match self.read(&client, &record_path(names.record())).await? {
+        let path = record_path(names.record());
+        self.catch_up(&client, &path).await?;
+        match self.read(&client, &path).await? {
             Some(read) => self.view(&read).await,
             None => Ok(None),
         }
@@ -421,6 +423,7 @@ impl LockStore for ZooKeeperBackend {
     ) -> Result<Vec<(String, RecordView)>, LockError> {
         let client = self.session.client();
         let dir = format!("{BASE}/records");
+        self.catch_up(&client, &dir).await?;
         let names = client
             .list_children(&dir)
             .await
@@ -477,6 +480,7 @@ impl LockStore for ZooKeeperBackend {
     async fn force_release(&self, names: &KeyNames, fence: u64) -> Result<bool, LockError> {
         let client = self.session.client();
         let path = record_path(names.record());
+        self.catch_up(&client, &path).await?;
         for _ in 0..TRIES {
             let Some(read) = self.read(&client, &path).await? else {
                 return Ok(false);

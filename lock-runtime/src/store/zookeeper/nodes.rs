@@ -40,6 +40,16 @@ impl ZooKeeperBackend {
         self.session.error(what, e, client)
     }
 
+    /// Catches this session's member up with the leader (`sync`): a read after it sees every
+    /// write another session made before it, as an operator's view of a lock (`inspect`,
+    /// `list`, `force_release`) must. A session always sees its own writes without it.
+    pub(super) async fn catch_up(&self, client: &Client, path: &str) -> Result<(), LockError> {
+        client
+            .sync(path)
+            .await
+            .map_err(|e| self.error(&format!("syncing `{path}` failed"), e, client))
+    }
+
     /// The record node at `path`; None when there is none. A value this store did not write
     /// is an error, and nothing is touched.
     pub(super) async fn read(
