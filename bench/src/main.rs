@@ -211,19 +211,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if zookeeper_only {
         let rows = zookeeper::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
-        println!("ZooKeeper {} (1 member):", rows.server_version);
-        for (tasks, pair) in [(1, rows.one), (64, rows.many)] {
-            println!(
-                "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
-                pair[0],
-                pair[1],
-                pair[1] / pair[0].max(1e-9)
-            );
-        }
-        println!(
-            "  handoff p50 / p99: {:.2} / {:.2} ms",
-            ms(rows.handoff_p50),
-            ms(rows.handoff_p99)
+        print_store_rows(
+            &format!("ZooKeeper {} (1 member)", rows.server_version),
+            [rows.one, rows.many],
+            [rows.handoff_p50, rows.handoff_p99],
         );
         if let Some(path) = json_path {
             let report =
@@ -235,19 +226,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if etcd_only {
         let rows = etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
-        println!("etcd {}:", rows.server_version);
-        for (tasks, pair) in [(1, rows.one), (64, rows.many)] {
-            println!(
-                "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
-                pair[0],
-                pair[1],
-                pair[1] / pair[0].max(1e-9)
-            );
-        }
-        println!(
-            "  handoff p50 / p99: {:.2} / {:.2} ms",
-            ms(rows.handoff_p50),
-            ms(rows.handoff_p99)
+        print_store_rows(
+            &format!("etcd {}", rows.server_version),
+            [rows.one, rows.many],
+            [rows.handoff_p50, rows.handoff_p99],
         );
         return Ok(());
     }
@@ -570,6 +552,25 @@ async fn implementations(url: &str) -> anyhow::Result<(LockRuntime, Vec<Arc<Impl
         )),
     ];
     Ok((ours_runtime, impls))
+}
+
+/// Rows 1-3 of a store measured alone (`--etcd-only`, `--zookeeper-only`): pairs/s with 1
+/// and 64 tasks, [hand-written, ours] each, and the handoff's p50 and p99.
+fn print_store_rows(store: &str, pairs: [[f64; 2]; 2], handoff: [Duration; 2]) {
+    println!("{store}:");
+    for (tasks, pair) in [1, 64].into_iter().zip(pairs) {
+        println!(
+            "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
+            pair[0],
+            pair[1],
+            pair[1] / pair[0].max(1e-9)
+        );
+    }
+    println!(
+        "  handoff p50 / p99: {:.2} / {:.2} ms",
+        ms(handoff[0]),
+        ms(handoff[1])
+    );
 }
 
 /// The ZooKeeper rows as JSON.
