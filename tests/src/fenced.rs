@@ -156,3 +156,36 @@ pub async fn counter_state<C: redis::aio::ConnectionLike>(
         refused: refused.unwrap_or(0),
     })
 }
+
+/// The end of a paused-holder test, once a new holder took the lock with `fence`: it writes
+/// to the ledger `ledger` (accepted), then resumes the stopped `fenced_writer` helper and asks
+/// it to write; the helper must already know its lease lost, and the ledger must refuse its
+/// write and hold the new holder's alone (stale writes accepted: 0).
+pub async fn new_holder_writes_and_the_paused_one_is_refused(
+    conn: &mut redis::aio::MultiplexedConnection,
+    fence: u64,
+    holder: &mut crate::Helper,
+    stdin: &mut tokio::process::ChildStdin,
+) {
+    use tokio::io::AsyncWriteExt;
+
+    assert!(
+        fenced_write(conn, "ledger", fence, "new holder")
+            .await
+            .expect("write"),
+        "the new holder's write is accepted"
+    );
+    holder.signal("-CONT");
+    stdin.write_all(b"write\n").await.expect("stdin");
+    stdin.flush().await.expect("flush");
+    let report = holder.next_line().await;
+    assert_eq!(report, "lost_before=true accepted=false", "{report}");
+    let rejected: Option<u64> = crate::query(conn, ("GET", "ledger:rejected")).await;
+    let data: Vec<String> = crate::query(conn, ("LRANGE", "ledger:data", 0, -1)).await;
+    assert_eq!(rejected, Some(1), "the stale write was counted as refused");
+    assert_eq!(
+        data,
+        vec!["new holder".to_owned()],
+        "stale writes accepted: 0"
+    );
+}

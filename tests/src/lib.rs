@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod exclusion;
 pub mod fenced;
 pub mod fleet;
+pub mod helper;
 pub mod logs;
 pub mod on_demand;
 pub mod postgres;
@@ -21,6 +22,7 @@ pub mod with_server;
 pub mod zookeeper;
 
 pub use etcd::EtcdCluster;
+pub use helper::Helper;
 pub use lock_testkit::Free;
 pub use logs::{LogCapture, RecordedSpan, SpanRecorder};
 pub use on_demand::OnDemandFences;

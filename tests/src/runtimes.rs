@@ -67,8 +67,8 @@ fn free(key: &str, got: Result<Option<LockGuard>, LockError>) -> LockGuard {
 }
 
 /// A builder on the store a worker process is given as `LOCK_URL`: `postgres://..`,
-/// `etcd:` and the endpoints separated by commas, `zookeeper:` and a connect string, or a
-/// Redis URL.
+/// `etcd:` and the endpoints separated by commas, `zookeeper:` and a connect string (with
+/// the session timeout from `ZOOKEEPER_SESSION_TIMEOUT_MS` when set), or a Redis URL.
 pub fn builder_for(lock_url: &str) -> LockRuntimeBuilder {
     let builder = LockRuntime::builder();
     if lock_url.starts_with("postgres") {
@@ -76,7 +76,14 @@ pub fn builder_for(lock_url: &str) -> LockRuntimeBuilder {
     } else if let Some(endpoints) = lock_url.strip_prefix("etcd:") {
         builder.etcd(endpoints.split(','))
     } else if let Some(connect) = lock_url.strip_prefix("zookeeper:") {
-        builder.zookeeper(connect)
+        let mut store = lock_runtime::ZooKeeperStore::new(connect);
+        if let Some(ms) = std::env::var("ZOOKEEPER_SESSION_TIMEOUT_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+        {
+            store = store.session_timeout(Duration::from_millis(ms));
+        }
+        builder.store(store)
     } else {
         builder.redis(lock_url)
     }

@@ -5,45 +5,9 @@ use lock_tests::TakeFree;
 use std::process::Stdio;
 use std::time::Duration;
 
-use lock_tests::TestStore;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use lock_tests::{Helper, TestStore};
+use tokio::process::Command;
 use tokio::time::Instant;
-
-/// Starts one of this package's helper binaries with its stdout piped (and stdin, if asked).
-fn spawn_helper(
-    binary: &str,
-    args: &[String],
-    stdin: bool,
-) -> (Child, Lines<BufReader<ChildStdout>>) {
-    let mut command = Command::new(binary);
-    command.args(args).stdout(Stdio::piped()).kill_on_drop(true);
-    if stdin {
-        command.stdin(Stdio::piped());
-    }
-    let mut child = command.spawn().expect("spawning a helper process");
-    let stdout = child.stdout.take().expect("piped stdout");
-    (child, BufReader::new(stdout).lines())
-}
-
-/// The helper's next line of output, within 10 s.
-async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
-    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the helper reports within 10 s")
-        .expect("reading the helper's stdout")
-        .expect("a line from the helper")
-}
-
-/// Sends `sig` (e.g. `-STOP`) to a process this test started.
-fn signal(child: &Child, sig: &str) {
-    let pid = child.id().expect("the helper runs").to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, pid.as_str()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-}
 
 /// A holder killed with SIGKILL never releases: the lock stays held until its ttl runs out,
 /// then it is free again.
@@ -54,12 +18,12 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
         unreachable!("made as redis")
     };
     let ttl = Duration::from_secs(2);
-    let (mut holder, mut lines) = spawn_helper(
+    let mut holder = Helper::start(
         env!("CARGO_BIN_EXE_lock_holder"),
         &[server.url(), "job".into(), ttl.as_millis().to_string()],
-        false,
+        &[],
     );
-    let line = next_line(&mut lines).await;
+    let line = holder.next_line().await;
     assert!(line.starts_with("acquired "), "holder said {line:?}");
 
     let runtime = store.runtime().await;
@@ -67,8 +31,8 @@ async fn killed_holder_frees_the_lock_after_its_ttl() {
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     assert!(runtime.try_take("job").await.is_none());
 
-    holder.start_kill().expect("SIGKILL the holder");
-    holder.wait().await.expect("reaping the holder");
+    holder.child.start_kill().expect("SIGKILL the holder");
+    holder.child.wait().await.expect("reaping the holder");
     let killed = Instant::now();
     // Right after the kill the record is still there: nobody released it.
     assert!(runtime.try_take("job").await.is_none());
@@ -115,19 +79,19 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
     let TestStore::Redis(server) = &store else {
         unreachable!("made as redis")
     };
-    let (mut holder, mut lines) = spawn_helper(
+    let mut holder = Helper::start(
         env!("CARGO_BIN_EXE_lock_holder"),
         &[server.url(), "graceful".into(), "30000".into()],
-        false,
+        &[],
     );
-    let line = next_line(&mut lines).await;
+    let line = holder.next_line().await;
     assert!(line.starts_with("acquired "), "{line}");
 
     let runtime = store.runtime().await;
     let waiter = lock_tests::acquire_in_task(runtime, "graceful", Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "held by the other process");
-    signal(&holder, "-TERM");
+    holder.signal("-TERM");
     let signalled = Instant::now();
     let guard = tokio::time::timeout(Duration::from_secs(3), waiter)
         .await
@@ -135,9 +99,9 @@ async fn sigterm_shutdown_releases_held_locks_at_once() {
         .expect("task")
         .expect("acquired");
     assert!(signalled.elapsed() < Duration::from_secs(3));
-    let status = holder.wait().await.expect("reaping the holder");
+    let status = holder.child.wait().await.expect("reaping the holder");
     assert!(status.success(), "the holder exited cleanly: {status}");
-    let said = lines.next_line().await.expect("stdout");
+    let said = holder.lines.next_line().await.expect("stdout");
     assert_eq!(said.as_deref(), Some("shut down"));
     guard.release().await.expect("release");
 }
@@ -199,24 +163,22 @@ async fn once_runs_a_slot_once_across_skewed_processes() {
 /// accepted. Stale writes accepted: 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_fenced_off() {
-    use tokio::io::AsyncWriteExt;
-
     let store = TestStore::redis();
     let TestStore::Redis(server) = &store else {
         unreachable!("made as redis")
     };
-    let (mut holder, mut lines) = spawn_helper(
+    let mut holder = Helper::start_with_stdin(
         env!("CARGO_BIN_EXE_fenced_writer"),
         &[server.url(), "ledger-job".into(), "1000".into()],
-        true,
+        &[],
     );
-    let mut stdin = holder.stdin.take().expect("piped stdin");
-    let line = next_line(&mut lines).await;
+    let mut stdin = holder.stdin();
+    let line = holder.next_line().await;
     let old_fence: u64 = line
         .strip_prefix("acquired ")
         .and_then(|f| f.parse().ok())
         .expect("acquired <fence>");
-    signal(&holder, "-STOP");
+    holder.signal("-STOP");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let runtime = store.runtime().await;
     let guard = runtime
@@ -226,30 +188,12 @@ async fn paused_holder_is_fenced_off() {
         .expect("the paused holder's lease expired");
     assert!(guard.lease().fence().await.expect("a fence") > old_fence);
     let mut conn = server.conn().await;
-    assert!(
-        lock_tests::fenced::fenced_write(
-            &mut conn,
-            "ledger",
-            guard.lease().fence().await.expect("a fence"),
-            "new holder"
-        )
-        .await
-        .expect("write"),
-        "the new holder's write is accepted"
-    );
-
-    signal(&holder, "-CONT");
-    stdin.write_all(b"write\n").await.expect("stdin");
-    stdin.flush().await.expect("flush");
-    let report = next_line(&mut lines).await;
-    assert_eq!(report, "lost_before=true accepted=false", "{report}");
-    let rejected: Option<u64> = lock_tests::query(&mut conn, ("GET", "ledger:rejected")).await;
-    let data: Vec<String> = lock_tests::query(&mut conn, ("LRANGE", "ledger:data", 0, -1)).await;
-    assert_eq!(rejected, Some(1), "the stale write was counted as refused");
-    assert_eq!(
-        data,
-        vec!["new holder".to_owned()],
-        "stale writes accepted: 0"
-    );
+    lock_tests::fenced::new_holder_writes_and_the_paused_one_is_refused(
+        &mut conn,
+        guard.lease().fence().await.expect("a fence"),
+        &mut holder,
+        &mut stdin,
+    )
+    .await;
     guard.release().await.expect("release");
 }

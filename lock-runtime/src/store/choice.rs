@@ -238,11 +238,17 @@ impl StoreChoice {
                 Backend::bounded(store, command_timeout)
             }
             #[cfg(feature = "zookeeper")]
-            StoreChoice::ZooKeeper(super::kinds::ZooKeeperStore { connect, digest }) => {
+            StoreChoice::ZooKeeper(super::kinds::ZooKeeperStore {
+                connect,
+                digest,
+                session_timeout,
+            }) => {
+                let session_timeout = super::checked_session_timeout(session_timeout)?;
                 let store = Box::pin(super::ZooKeeperBackend::connect(super::ZooKeeperOptions {
                     connect,
                     digest: digest.map(|(user, password)| format!("{user}:{password}")),
                     connect_timeout,
+                    session_timeout,
                 }))
                 .await?;
                 Backend::bounded(store, command_timeout)

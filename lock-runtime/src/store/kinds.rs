@@ -261,6 +261,7 @@ impl EtcdStore {
 pub struct ZooKeeperStore {
     pub(super) connect: String,
     pub(super) digest: Option<(String, String)>,
+    pub(super) session_timeout: Option<Duration>,
 }
 
 #[cfg(feature = "zookeeper")]
@@ -271,6 +272,7 @@ impl ZooKeeperStore {
         ZooKeeperStore {
             connect: connect.into(),
             digest: None,
+            session_timeout: None,
         }
     }
 
@@ -278,6 +280,18 @@ impl ZooKeeperStore {
     /// (never printed).
     pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// The session timeout this store's client asks for (default 30 s; the servers clamp it
+    /// to their `minSessionTimeout..maxSessionTimeout`, by default 2 to 20 ticks). Leases do
+    /// not ride on the session: a lease lives by its ttl and renewals, and a session that
+    /// expires (after a pause or a partition longer than this) is replaced without losing a
+    /// lease whose ttl has not run out. What the timeout bounds is how long the servers keep
+    /// a vanished process's session (its watches and the ephemeral marker of what it holds).
+    /// Zero is refused by `build()`.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = Some(timeout);
         self
     }
 }
@@ -288,6 +302,7 @@ impl std::fmt::Debug for ZooKeeperStore {
         f.debug_struct("ZooKeeperStore")
             .field("connect", &self.connect)
             .field("user", &self.digest.as_ref().map(|(user, _)| user))
+            .field("session_timeout", &self.session_timeout)
             .finish_non_exhaustive()
     }
 }

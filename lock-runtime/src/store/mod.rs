@@ -58,4 +58,4 @@ pub use types::{
     Retention,
 };
 #[cfg(feature = "zookeeper")]
-pub(crate) use zookeeper::{ZooKeeperBackend, ZooKeeperOptions};
+pub(crate) use zookeeper::{ZooKeeperBackend, ZooKeeperOptions, checked_session_timeout};

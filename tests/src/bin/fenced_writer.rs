@@ -1,21 +1,23 @@
-//! A holder for the paused-holder test: takes a lock, says so, then waits for `write` on stdin;
-//! it then reports whether it already knew its lease was lost, and tries the fenced write
-//! anyway (as a careless job would) to show the store refuses it.
+//! A holder for the paused-holder tests: takes a lock, says so, then waits for `write` on
+//! stdin; it then reports whether it already knew its lease was lost, and tries the fenced
+//! write to the ledger in Redis anyway (as a careless job would) to show the ledger refuses
+//! it. Last, it takes `KEY-again` and says so with its fence: its runtime still works.
 //!
-//! Usage: fenced_writer REDIS_URL KEY TTL_MS
+//! Usage: fenced_writer LOCK_URL KEY TTL_MS [LEDGER_REDIS_URL]
+//! (`LOCK_URL` as `lock_tests::builder_for` reads it; the ledger defaults to `LOCK_URL`.)
 
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use lock_runtime::LockRuntime;
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, url, key, ttl_ms] = args.as_slice() else {
-        anyhow::bail!("usage: fenced_writer REDIS_URL KEY TTL_MS");
+    let (url, key, ttl_ms, ledger) = match args.as_slice() {
+        [_, url, key, ttl_ms] => (url, key, ttl_ms, url),
+        [_, url, key, ttl_ms, ledger] => (url, key, ttl_ms, ledger),
+        _ => anyhow::bail!("usage: fenced_writer LOCK_URL KEY TTL_MS [LEDGER_REDIS_URL]"),
     };
-    let runtime = LockRuntime::builder().redis(url.as_str()).build().await?;
+    let runtime = lock_tests::builder_for(url).build().await?;
     let guard = runtime
         .lock(key.as_str())
         .ttl(Duration::from_millis(ttl_ms.parse()?))
@@ -27,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
     // Blocking read on purpose: this process is stopped with SIGSTOP while it waits here.
     std::io::stdin().lock().read_line(&mut line)?;
     let lost_before = guard.lease().is_lost();
-    let mut conn = redis::Client::open(url.as_str())?
+    let mut conn = redis::Client::open(ledger.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     let accepted = lock_tests::fenced::fenced_write(
@@ -39,5 +41,13 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     println!("lost_before={lost_before} accepted={accepted}");
     std::io::stdout().flush()?;
+    drop(guard);
+    let again = runtime
+        .lock(format!("{key}-again"))
+        .acquire_timeout(Duration::from_secs(20))
+        .await?;
+    println!("again {}", again.lease().fence().await?);
+    std::io::stdout().flush()?;
+    again.release().await?;
     Ok(())
 }

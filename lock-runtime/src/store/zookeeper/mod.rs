@@ -48,8 +48,8 @@ mod session;
 mod watch;
 
 use self::record::{RELEASED, Record, Value, done_value, node_name, record_of_node};
-pub(crate) use self::session::ZooKeeperOptions;
 use self::session::{BASE, Session};
+pub(crate) use self::session::{ZooKeeperOptions, checked_session_timeout};
 use super::{
     AcquireOutcome, AcquireRequest, ExtendItem, KeyNames, LockStore, RecordView, ReleaseHub,
     ReleaseOutcome, ReleaseWatch, Renewal, Retention, Subscriber, key_matches, key_of_record,

@@ -13,9 +13,24 @@ use crate::{BackendError, LockError};
 /// per held lock), `done/<name>` (`once` markers) and `clock` (a node whose writes tell the
 /// server's time). These four nodes stay; every node under them goes by itself.
 pub(super) const BASE: &str = "/distributed-locks";
-/// How long a ZooKeeper session lives without a heartbeat (the server clamps it to its
-/// tickTime x 2..20). Leases do not depend on it: nothing this store writes is ephemeral.
+/// How long a ZooKeeper session lives without a heartbeat unless the store is told otherwise
+/// (the servers clamp it to their tickTime x 2..20 by default). Leases do not depend on it:
+/// the only ephemeral node this store writes is the marker child of a held record, which
+/// guards the record against the servers' sweep of idle TTL nodes, not the lease.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest session timeout the store asks for (ZooKeeper counts it in i32 milliseconds).
+const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// The session timeout to ask for: `asked`, or the default; zero or over a day is refused.
+pub(crate) fn checked_session_timeout(asked: Option<Duration>) -> Result<Duration, LockError> {
+    let timeout = asked.unwrap_or(SESSION_TIMEOUT);
+    if timeout.is_zero() || timeout > MAX_SESSION_TIMEOUT {
+        return Err(LockError::config(format!(
+            "the ZooKeeper session_timeout of {timeout:?} is outside 1 ms..1 day"
+        )));
+    }
+    Ok(timeout)
+}
 
 /// How the builder asked to connect (no `Debug`: it holds the password).
 #[derive(Clone)]
@@ -25,6 +40,8 @@ pub(crate) struct ZooKeeperOptions {
     /// Digest authentication: `user:password` (never printed).
     pub(crate) digest: Option<String>,
     pub(crate) connect_timeout: Duration,
+    /// What the client asks the servers for as its session timeout.
+    pub(crate) session_timeout: Duration,
 }
 
 /// The latest write this store made whose answer carried the server's time: what the
@@ -191,7 +208,7 @@ fn ms(d: Duration) -> i64 {
 
 async fn connect(options: &ZooKeeperOptions, shown: &str) -> Result<Client, LockError> {
     let mut connector = Client::connector()
-        .with_session_timeout(SESSION_TIMEOUT)
+        .with_session_timeout(options.session_timeout)
         .with_connection_timeout(options.connect_timeout);
     if let Some(digest) = &options.digest {
         connector = connector.with_auth("digest", digest.as_bytes());
