@@ -233,3 +233,49 @@ async fn concurrent_takeovers_of_an_expired_record_give_it_to_one() {
         "rounds whose expired record went to other than one holder (round, holders): {doubles:?}"
     );
 }
+
+/// A release deletes the holder's marker child in its own transaction; where the record has
+/// a child but not this holder's (its session expired and took the marker; another one's is
+/// left), the transaction fails on that delete alone, and the release goes through without
+/// it: the lock is free, and the other child is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_through_when_its_marker_is_gone() {
+    let ensemble = ZooKeeperEnsemble::start(1);
+    let runtime = LockRuntime::builder()
+        .zookeeper(ensemble.connect_string())
+        .built()
+        .await;
+    let client = zookeeper_client::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("a plain client");
+    let node = lock_tests::zookeeper::record_node("lock:{marker-gone}");
+    let children = || async { client.list_children(&node).await.expect("children") };
+
+    let guard = runtime.take_default_ttl("marker-gone").await;
+    let marker = children().await;
+    assert_eq!(marker.len(), 1, "{marker:?}");
+    client
+        .delete(&format!("{node}/{}", marker[0]), None)
+        .await
+        .expect("deleting the marker");
+    let other =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    client
+        .create(&format!("{node}/h-someone-else"), b"", &other)
+        .await
+        .expect("another child");
+    assert!(guard.release().await.expect("release"), "released");
+    assert_eq!(children().await, vec!["h-someone-else".to_owned()]);
+    let again = runtime.take_default_ttl("marker-gone").await;
+    assert_eq!(
+        children().await.len(),
+        2,
+        "the new holding's marker beside it"
+    );
+    assert!(again.release().await.expect("release"));
+    assert_eq!(
+        children().await,
+        vec!["h-someone-else".to_owned()],
+        "its marker went with it"
+    );
+}

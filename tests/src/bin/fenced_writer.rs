@@ -6,7 +6,7 @@
 //! Usage: fenced_writer LOCK_URL KEY TTL_MS [LEDGER_REDIS_URL]
 //! (`LOCK_URL` as `lock_tests::builder_for` reads it; the ledger defaults to `LOCK_URL`.)
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::time::Duration;
 
 #[tokio::main(flavor = "current_thread")]
@@ -25,9 +25,11 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     println!("acquired {}", guard.lease().fence().await?);
     std::io::stdout().flush()?;
+    // Read without blocking the runtime: its watchdog and its store's client keep running
+    // while this waits, so only the test's SIGSTOP freezes them.
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let mut line = String::new();
-    // Blocking read on purpose: this process is stopped with SIGSTOP while it waits here.
-    std::io::stdin().lock().read_line(&mut line)?;
+    tokio::io::AsyncBufReadExt::read_line(&mut stdin, &mut line).await?;
     let lost_before = guard.lease().is_lost();
     let mut conn = redis::Client::open(ledger.as_str())?
         .get_multiplexed_async_connection()

@@ -259,6 +259,8 @@ impl LockStore for ZooKeeperBackend {
         let client = self.session.client();
         let path = record_path(names.record());
         let done = done_path(names.record());
+        // Whether the guard child's delete rides in the transaction: while it may be there.
+        let mut guard_in_transaction = !token.is_empty();
         for _ in 0..TRIES {
             let read = self.read(&client, &path).await?;
             let ours = read.as_ref().and_then(|read| {
@@ -266,6 +268,17 @@ impl LockStore for ZooKeeperBackend {
                 (!self.surely_expired(record, &read.stat)).then_some((record, &read.stat))
             });
             let mut writer = client.new_multi_writer();
+            // Our guard child goes first in the transaction, one round trip less, where it may
+            // still be there (ephemeral: a session that expired took it; a transaction that
+            // failed on it is tried again without it, and the child deleted on its own).
+            let guard_folded = guard_in_transaction
+                && ours.is_some()
+                && read.as_ref().is_some_and(|read| read.stat.num_children > 0);
+            if guard_folded {
+                writer
+                    .add_delete(&guard_path(&path, token), None)
+                    .map_err(|e| self.error("building a transaction failed", e, &client))?;
+            }
             let mut outcome = ReleaseOutcome::NotOwner;
             let mut ops = 0;
             // When the marker ends (server time, at least `retention` from now), 0 for none.
@@ -356,13 +369,20 @@ impl LockStore for ZooKeeperBackend {
             }
             match writer.commit().await {
                 Ok(_) => {
-                    if !token.is_empty() {
+                    if !token.is_empty() && !guard_folded {
                         self.drop_guard(&client, &path, token).await;
                     }
                     if outcome != ReleaseOutcome::NotOwner {
                         self.hub.notify(names.channel());
                     }
                     return Ok(outcome);
+                }
+                Err(MultiWriteError::OperationFailed {
+                    source: Error::NoNode,
+                    index: 0,
+                }) if guard_folded => {
+                    guard_in_transaction = false;
+                    continue;
                 }
                 Err(MultiWriteError::OperationFailed {
                     source: Error::BadVersion | Error::NoNode | Error::NodeExists,
