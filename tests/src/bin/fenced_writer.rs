@@ -3,7 +3,7 @@
 //! write to the ledger in Redis anyway (as a careless job would) to show the ledger refuses
 //! it. Last, it takes `KEY-again` and says so with its fence: its runtime still works.
 //!
-//! Usage: fenced_writer LOCK_URL KEY TTL_MS [LEDGER_REDIS_URL]
+//! Usage: `fenced_writer LOCK_URL KEY TTL_MS [LEDGER_REDIS_URL]`
 //! (`LOCK_URL` as `lock_tests::builder_for` reads it; the ledger defaults to `LOCK_URL`.)
 
 use std::io::Write;
