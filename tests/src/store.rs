@@ -165,7 +165,7 @@ impl TestStore {
                     .await
                     .expect("connecting to the test ZooKeeper");
                 let node = crate::zookeeper::record_node(&format!("lock:{{{key}}}"));
-                // The holding's guard child first (a node with children cannot be deleted).
+                // Its pin children first, if any (a node with children cannot be deleted).
                 let children = client.list_children(&node).await.unwrap_or_default();
                 for child in children {
                     let _ = client.delete(&format!("{node}/{child}"), None).await;

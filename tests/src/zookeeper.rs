@@ -65,6 +65,20 @@ pub struct ZooKeeperEnsemble {
     dir: tempfile::TempDir,
     /// The servers take TTL nodes (as the lock store needs).
     ttl_nodes: bool,
+    /// With [`start_with_clock`](Self::start_with_clock): the libfaketime timestamp file the
+    /// servers' wall clock reads its offset from.
+    clock: Option<PathBuf>,
+}
+
+/// libfaketime's preload library (Debian: `faketime`).
+fn libfaketime() -> PathBuf {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketime.so.1"))
+        .find(|lib| lib.is_file());
+    found.unwrap_or_else(|| panic!("libfaketime is missing (Debian: apt-get install -y faketime)"))
 }
 
 impl ZooKeeperEnsemble {
@@ -72,19 +86,37 @@ impl ZooKeeperEnsemble {
     /// member serves (a leader, its followers). A port taken by someone else between choosing
     /// it and binding it means a new try on other ports, up to five.
     pub fn start(size: usize) -> Self {
-        Self::start_with(size, true)
+        Self::start_with(size, true, false)
+    }
+
+    /// Like [`start`](Self::start), with the servers' wall clock (node times, and so every
+    /// expiry the lock store reads) under the test's control: see
+    /// [`set_clock_offset`](Self::set_clock_offset). Their monotonic clock (session timeouts)
+    /// is left alone.
+    pub fn start_with_clock(size: usize) -> Self {
+        Self::start_with(size, true, true)
+    }
+
+    /// Moves the servers' wall clock to `offset` from the real one (libfaketime's syntax:
+    /// `+0`, `+2d`, `-30m`), read by them from the next reading of the clock on.
+    pub fn set_clock_offset(&self, offset: &str) {
+        let file = self
+            .clock
+            .as_ref()
+            .expect("an ensemble started with start_with_clock");
+        std::fs::write(file, format!("{offset}\n")).expect("writing the clock offset");
     }
 
     /// A one-member server that refuses TTL nodes (ZooKeeper's default), which the lock
     /// store cannot work with.
     pub fn start_without_ttl_nodes() -> Self {
-        Self::start_with(1, false)
+        Self::start_with(1, false, false)
     }
 
-    fn start_with(size: usize, ttl_nodes: bool) -> Self {
+    fn start_with(size: usize, ttl_nodes: bool, clock: bool) -> Self {
         let mut last_log = String::new();
         for _ in 0..5 {
-            match Self::try_start(size, ttl_nodes) {
+            match Self::try_start(size, ttl_nodes, clock) {
                 Ok(ensemble) => return ensemble,
                 Err(log) => last_log = log,
             }
@@ -92,7 +124,7 @@ impl ZooKeeperEnsemble {
         panic!("ZooKeeper did not start in 5 tries; last log:\n{last_log}");
     }
 
-    fn try_start(size: usize, ttl_nodes: bool) -> Result<Self, String> {
+    fn try_start(size: usize, ttl_nodes: bool, clock: bool) -> Result<Self, String> {
         let jar = zookeeper_jar();
         // On the RAM disk when the machine has one: every write waits for its fsync.
         let shm = Path::new("/dev/shm");
@@ -115,10 +147,16 @@ impl ZooKeeperEnsemble {
                 child: None,
             })
             .collect();
+        let clock = clock.then(|| {
+            let file = dir.path().join("clock-offset");
+            std::fs::write(&file, "+0\n").expect("writing the clock offset");
+            file
+        });
         let mut ensemble = ZooKeeperEnsemble {
             members,
             dir,
             ttl_nodes,
+            clock,
         };
         for i in 0..size {
             ensemble.configure(i);
@@ -195,7 +233,14 @@ impl ZooKeeperEnsemble {
             classpath.push(":");
             classpath.push(simple);
         }
-        let child = Command::new("java")
+        let mut java = Command::new("java");
+        if let Some(clock) = &self.clock {
+            java.env("LD_PRELOAD", libfaketime())
+                .env("FAKETIME_TIMESTAMP_FILE", clock)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = java
             .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
             .arg(format!(
                 "-Dzookeeper.extendedTypesEnabled={}",

@@ -7,34 +7,23 @@
 use std::time::Duration;
 
 use lock_runtime::{LockRuntime, ZooKeeperStore};
-use lock_tests::zookeeper::record_node;
 use lock_tests::{Built, FaultProxy, Free, Helper, RedisServer, TakeFree, ZooKeeperEnsemble};
 use tokio::time::Instant;
 
-/// The children of the record node of `key` (namespace `lock`): while it is held, the
-/// ephemeral marker `h-<token>` of the holder's session.
-async fn markers(connect: &str, key: &str) -> Vec<String> {
-    let client = zookeeper_client::Client::connect(connect)
-        .await
-        .expect("a plain client");
-    client
-        .list_children(&record_node(&format!("lock:{{{key}}}")))
-        .await
-        .expect("listing the record's children")
-}
+/// The session timeout the paused holders ask for, and how the servers' log says they
+/// expired such a session (`Expiring session 0x.., timeout of 1500ms exceeded`); no other
+/// session in these tests has it.
+const HOLDER_SESSION_MS: u64 = 1500;
 
-/// Waits (up to 30 s) until the servers expired the session of the holder of `key`, which
-/// took its ephemeral marker with it.
-async fn wait_session_expired(connect: &str, key: &str) {
+/// Waits (up to 30 s) until the one-member `ensemble` expired the paused holder's session.
+async fn wait_session_expired(ensemble: &ZooKeeperEnsemble) {
+    let said = format!("timeout of {HOLDER_SESSION_MS}ms exceeded");
     let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = markers(connect, key).await;
-        if left.is_empty() {
-            return;
-        }
+    while !ensemble.log(0).contains(&said) {
         assert!(
             Instant::now() < until,
-            "the paused holder's session did not expire within 30 s: {left:?}"
+            "the paused holder's session did not expire within 30 s; log:\n{}",
+            ensemble.log(0)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -124,19 +113,17 @@ async fn a_holder_paused_past_its_session_and_ttl_knows_it_lost_before_working_a
             "2000".into(),
             ledger.url(),
         ],
-        &[("ZOOKEEPER_SESSION_TIMEOUT_MS", "1500".into())],
+        &[(
+            "ZOOKEEPER_SESSION_TIMEOUT_MS",
+            HOLDER_SESSION_MS.to_string(),
+        )],
     );
     let mut stdin = holder.stdin();
     let old_fence = fence_in(&holder.next_line().await, "acquired");
     // Said just after the acquire: its 2 s ttl runs out no earlier than about 2 s from here.
     let acquired = Instant::now();
-    assert_eq!(
-        markers(&connect, "ledger-job").await.len(),
-        1,
-        "held: one marker"
-    );
     holder.signal("-STOP");
-    wait_session_expired(&connect, "ledger-job").await;
+    wait_session_expired(&ensemble).await;
     let contender = LockRuntime::builder()
         .zookeeper(connect.as_str())
         .owner("contender")
@@ -171,7 +158,7 @@ async fn a_holder_paused_past_its_session_and_ttl_knows_it_lost_before_working_a
 }
 
 /// A holder process stopped past its 1.5 s session but well within its 12 s ttl: the servers
-/// expire the session (its marker goes), yet the lease does not ride on the session. Resumed,
+/// expire the session, yet the lease does not ride on the session. Resumed,
 /// the holder renews on a new session: nobody else gets the lock for longer than the ttl,
 /// the holder is never told it lost it, and its shutdown releases it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,12 +172,15 @@ async fn a_pause_past_the_session_but_within_the_ttl_keeps_the_lease() {
             "kept".into(),
             "12000".into(),
         ],
-        &[("ZOOKEEPER_SESSION_TIMEOUT_MS", "1500".into())],
+        &[(
+            "ZOOKEEPER_SESSION_TIMEOUT_MS",
+            HOLDER_SESSION_MS.to_string(),
+        )],
     );
     let fence = fence_in(&holder.next_line().await, "acquired");
     let acquired = Instant::now();
     holder.signal("-STOP");
-    wait_session_expired(&connect, "kept").await;
+    wait_session_expired(&ensemble).await;
     holder.signal("-CONT");
     assert!(
         acquired.elapsed() < Duration::from_secs(8),

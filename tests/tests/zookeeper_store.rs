@@ -234,48 +234,96 @@ async fn concurrent_takeovers_of_an_expired_record_give_it_to_one() {
     );
 }
 
-/// A release deletes the holder's marker child in its own transaction; where the record has
-/// a child but not this holder's (its session expired and took the marker; another one's is
-/// left), the transaction fails on that delete alone, and the release goes through without
-/// it: the lock is free, and the other child is left alone.
+/// The servers' sweep of idle TTL nodes deletes a record it listed without looking at it
+/// again (refusing only a node with children), and ZooKeeper numbers a node made again from
+/// version 0: an acquirer that read an idle record before the sweep deleted it, then wrote
+/// "at the version read" after another acquirer made the node again, would take the other's
+/// record. Here the servers' clock is moved two days on (two crashed holders' records idle
+/// past a day), replies to the taker are slowed by 1 s, and the sweep's delete is made by hand
+/// (refused, as the sweep's is, on a node with a child) while the taker works, then another
+/// acquirer tries: early (before the taker could pin the record) and late (after). One of
+/// them holds the lock, never both. Failed with two holders (late) before idle records were
+/// pinned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_goes_through_when_its_marker_is_gone() {
-    let ensemble = ZooKeeperEnsemble::start(1);
-    let runtime = LockRuntime::builder()
-        .zookeeper(ensemble.connect_string())
+async fn an_idle_record_deleted_under_a_takeover_goes_to_one_holder() {
+    let ensemble = ZooKeeperEnsemble::start_with_clock(1);
+    let connect = ensemble.connect_string();
+    // Holders that took their locks and crashed: the records stay, expired.
+    let crashed = LockRuntime::builder()
+        .zookeeper(connect.as_str())
+        .owner("crashed")
         .built()
         .await;
-    let client = zookeeper_client::Client::connect(&ensemble.connect_string())
+    let rounds = [("idle-early", 1500), ("idle-late", 4000)];
+    for (key, _) in rounds {
+        let stale = crashed
+            .lock(key)
+            .ttl(Duration::from_secs(1))
+            .watchdog(false)
+            .try_acquire()
+            .await
+            .free();
+        std::mem::forget(stale);
+    }
+    ensemble.set_clock_offset("+2d");
+    let client = zookeeper_client::Client::connect(&connect)
         .await
         .expect("a plain client");
-    let node = lock_tests::zookeeper::record_node("lock:{marker-gone}");
-    let children = || async { client.list_children(&node).await.expect("children") };
-
-    let guard = runtime.take_default_ttl("marker-gone").await;
-    let marker = children().await;
-    assert_eq!(marker.len(), 1, "{marker:?}");
-    client
-        .delete(&format!("{node}/{}", marker[0]), None)
-        .await
-        .expect("deleting the marker");
-    let other =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    client
-        .create(&format!("{node}/h-someone-else"), b"", &other)
-        .await
-        .expect("another child");
-    assert!(guard.release().await.expect("release"), "released");
-    assert_eq!(children().await, vec!["h-someone-else".to_owned()]);
-    let again = runtime.take_default_ttl("marker-gone").await;
-    assert_eq!(
-        children().await.len(),
-        2,
-        "the new holding's marker beside it"
-    );
-    assert!(again.release().await.expect("release"));
-    assert_eq!(
-        children().await,
-        vec!["h-someone-else".to_owned()],
-        "its marker went with it"
-    );
+    let proxy = lock_tests::FaultProxy::start(ensemble.members[0].port());
+    let taker = LockRuntime::builder()
+        .zookeeper(format!("127.0.0.1:{}", proxy.port()))
+        .owner("taker")
+        .command_timeout(Duration::from_secs(60))
+        .built()
+        .await;
+    let other = LockRuntime::builder()
+        .zookeeper(connect.as_str())
+        .owner("other")
+        .built()
+        .await;
+    proxy.set_reply_latency(Duration::from_secs(1));
+    for (key, delete_after_ms) in rounds {
+        let node = lock_tests::zookeeper::record_node(&format!("lock:{{{key}}}"));
+        let taking = {
+            let taker = taker.clone();
+            tokio::spawn(async move {
+                taker
+                    .lock(key)
+                    .ttl(Duration::from_secs(60))
+                    .try_acquire()
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(delete_after_ms)).await;
+        match client.delete(&node, None).await {
+            Ok(()) | Err(zookeeper_client::Error::NotEmpty) => {}
+            Err(e) => panic!("{key}: the sweep's delete: {e}"),
+        }
+        let by_other = other
+            .lock(key)
+            .ttl(Duration::from_secs(60))
+            .try_acquire()
+            .await
+            .expect("the other's try_acquire");
+        let by_taker = taking
+            .await
+            .expect("task")
+            .expect("the taker's try_acquire");
+        match (&by_taker, &by_other) {
+            (Some(t), Some(o)) => panic!(
+                "{key}: two holders: the taker (fence {:?}) and the other (fence {:?})",
+                t.lease().fence().await,
+                o.lease().fence().await
+            ),
+            (None, None) => panic!("{key}: nobody took the expired lock"),
+            _ => {}
+        }
+        if key == "idle-late" {
+            let children = client.list_children(&node).await.expect("children");
+            assert!(
+                children.iter().any(|child| child.starts_with("p-")),
+                "the idle record was pinned before it was written: {children:?}"
+            );
+        }
+    }
 }

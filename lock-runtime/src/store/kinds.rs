@@ -288,8 +288,8 @@ impl ZooKeeperStore {
     /// not ride on the session: a lease lives by its ttl and renewals, and a session that
     /// expires (after a pause or a partition longer than this) is replaced without losing a
     /// lease whose ttl has not run out. What the timeout bounds is how long the servers keep
-    /// a vanished process's session (its watches and the ephemeral marker of what it holds).
-    /// Zero is refused by `build()`.
+    /// a vanished process's session (its watches). Zero, or more than a day, is refused by
+    /// `build()`.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = Some(timeout);
         self

@@ -10,10 +10,12 @@
 //!   mean "the record I read" (a deleting design let eight takeovers of one expired record
 //!   all succeed). Not ephemeral: a lease's life is its ttl, chosen per lock, while a session
 //!   is one per process and lives by heartbeats; a node tied to the session would outlive a
-//!   stuck job's lease or vanish under a running one. While held, the node has an ephemeral
-//!   child `h-<token>`, made by the acquiring transaction, so the server's sweep of expired
-//!   TTL nodes (which deletes what it listed without looking again, and refuses only nodes
-//!   with children) cannot remove a record just taken.
+//!   stuck job's lease or vanish under a running one. The servers' own removal of idle
+//!   nodes is the one delete left: their sweep deletes what it listed (nodes idle past
+//!   [`RECORD_NODE_TTL`]) without looking again, refusing only nodes with children, so a node
+//!   idle for more than [`PIN_AFTER_IDLE`] is pinned by a child of ours (a TTL node of
+//!   [`PIN_TTL`]) before it is written at a version (`ready_to_write` in [`nodes`]; failed
+//!   first with two holders in `an_idle_record_deleted_under_a_takeover_goes_to_one_holder`).
 //! - **Expiry**: at `max(mtime + ttl, floor)` of the node, on the server's clock (its
 //!   `mtime` is the leader's time at the write). An acquire that finds a record compares its
 //!   expiry with the server's time: known to be later from the last write this store made
@@ -61,16 +63,19 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(7 * 86_400);
 /// How long a record's node outlives its last write before the server removes it: longer
 /// than any lease it can carry, so only a record nobody holds any more is removed.
 const RECORD_NODE_TTL: Duration = Duration::from_secs(8 * 86_400);
+/// A record node idle longer than this is pinned before it is written at a version (see
+/// `ZooKeeperBackend::ready_to_write`): the sweep lists a node only once it is idle for
+/// [`RECORD_NODE_TTL`], 7 days more than this.
+const PIN_AFTER_IDLE: Duration = Duration::from_secs(86_400);
+/// How long a pin child lasts (a TTL node the servers remove after it, never the store): longer
+/// than a pass of the servers' sweep takes (one that listed the node must reach it while the
+/// pin is there), and than a call takes from its pin to its write.
+const PIN_TTL: Duration = Duration::from_secs(7 * 86_400);
 /// How many times a call starts again after the record changed under it.
 const TRIES: usize = 5;
 
 fn record_path(record: &str) -> String {
     format!("{BASE}/records/{}", node_name(record))
-}
-
-/// The ephemeral child that marks `token`'s holding of the record at `path` (see `take`).
-fn guard_path(path: &str, token: &str) -> String {
-    format!("{path}/h-{token}")
 }
 
 fn done_path(record: &str) -> String {
@@ -190,7 +195,7 @@ impl LockStore for ZooKeeperBackend {
             done_until_ms: 0,
             owner: owner.to_owned(),
         };
-        let mut synced = false;
+        let (mut synced, mut pinned) = (false, false);
         for _ in 0..TRIES {
             let version = match self.read(&client, &path).await? {
                 None => None,
@@ -219,17 +224,10 @@ impl LockStore for ZooKeeperBackend {
                         }
                         return Ok(AcquireOutcome::Held { pttl: Some(pttl) });
                     }
-                    // A node unwritten for a day and more may be on its way out (removed by
-                    // the server while a lagging member still shows it): catch up first.
-                    let idle_for = self
-                        .session
-                        .server_now_at_most()
-                        .map_or(0, |now| now - read.stat.mtime);
-                    if !synced && idle_for > ms(Duration::from_secs(86_400)) {
-                        synced = true;
-                        client.sync(&path).await.map_err(|e| {
-                            self.error(&format!("syncing `{path}` failed"), e, &client)
-                        })?;
+                    if !self
+                        .ready_to_write(&client, &path, &read, &mut pinned)
+                        .await?
+                    {
                         continue;
                     }
                     // The marker's end goes on with the record (see `Value`).
@@ -237,10 +235,7 @@ impl LockStore for ZooKeeperBackend {
                     Some(read.stat.version)
                 }
             };
-            let Some(stat) = self
-                .take(&client, &path, &record.encode(), version, token)
-                .await?
-            else {
+            let Some(stat) = self.take(&client, &path, &record.encode(), version).await? else {
                 continue; // someone else wrote it first: look again
             };
             return Ok(AcquireOutcome::Acquired {
@@ -259,8 +254,7 @@ impl LockStore for ZooKeeperBackend {
         let client = self.session.client();
         let path = record_path(names.record());
         let done = done_path(names.record());
-        // Whether the guard child's delete rides in the transaction: while it may be there.
-        let mut guard_in_transaction = !token.is_empty();
+        let mut pinned = false;
         for _ in 0..TRIES {
             let read = self.read(&client, &path).await?;
             let ours = read.as_ref().and_then(|read| {
@@ -268,17 +262,6 @@ impl LockStore for ZooKeeperBackend {
                 (!self.surely_expired(record, &read.stat)).then_some((record, &read.stat))
             });
             let mut writer = client.new_multi_writer();
-            // Our guard child goes first in the transaction, one round trip less, where it may
-            // still be there (ephemeral: a session that expired took it; a transaction that
-            // failed on it is tried again without it, and the child deleted on its own).
-            let guard_folded = guard_in_transaction
-                && ours.is_some()
-                && read.as_ref().is_some_and(|read| read.stat.num_children > 0);
-            if guard_folded {
-                writer
-                    .add_delete(&guard_path(&path, token), None)
-                    .map_err(|e| self.error("building a transaction failed", e, &client))?;
-            }
             let mut outcome = ReleaseOutcome::NotOwner;
             let mut ops = 0;
             // When the marker ends (server time, at least `retention` from now), 0 for none.
@@ -298,9 +281,39 @@ impl LockStore for ZooKeeperBackend {
                     .session
                     .create_options(CreateMode::Persistent)
                     .with_ttl(retention.max(Duration::from_millis(1)));
-                existing
-                    .map_or(Ok(()), |stat| writer.add_delete(&done, Some(stat.version)))
-                    .and_then(|()| writer.add_create(&done, &done_value(ms(retention)), &options))
+                // A child pins the new marker for PIN_TTL: a pass of the servers' sweep that
+                // listed the old one (expired, at the same path) cannot delete the new one.
+                let pin = self
+                    .session
+                    .create_options(CreateMode::Persistent)
+                    .with_ttl(PIN_TTL);
+                let pin_path = format!("{done}/p-{}", uuid::Uuid::new_v4().simple());
+                if let Some(stat) = existing {
+                    // The old marker goes with its pins (a pin added meanwhile fails the
+                    // transaction, which is tried again).
+                    let pins = match client.list_children(&done).await {
+                        Ok(pins) => pins,
+                        Err(Error::NoNode) => continue,
+                        Err(e) => {
+                            return Err(self.error(
+                                &format!("listing `{done}` failed"),
+                                e,
+                                &client,
+                            ));
+                        }
+                    };
+                    for old_pin in pins {
+                        writer
+                            .add_delete(&format!("{done}/{old_pin}"), None)
+                            .map_err(|e| self.error("building a transaction failed", e, &client))?;
+                    }
+                    writer
+                        .add_delete(&done, Some(stat.version))
+                        .map_err(|e| self.error("building a transaction failed", e, &client))?;
+                }
+                writer
+                    .add_create(&done, &done_value(ms(retention)), &options)
+                    .and_then(|()| writer.add_create(&pin_path, b"", &pin))
                     .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
@@ -356,36 +369,29 @@ impl LockStore for ZooKeeperBackend {
                 _ => None,
             };
             if let (Some(value), Some(read)) = (value, &read) {
+                if !self
+                    .ready_to_write(&client, &path, read, &mut pinned)
+                    .await?
+                {
+                    continue;
+                }
                 writer
                     .add_set_data(&path, &value, Some(read.stat.version))
                     .map_err(|e| self.error("building a transaction failed", e, &client))?;
                 ops += 1;
             }
             if ops == 0 {
-                if !token.is_empty() {
-                    self.drop_guard(&client, &path, token).await;
-                }
                 return Ok(ReleaseOutcome::NotOwner);
             }
             match writer.commit().await {
                 Ok(_) => {
-                    if !token.is_empty() && !guard_folded {
-                        self.drop_guard(&client, &path, token).await;
-                    }
                     if outcome != ReleaseOutcome::NotOwner {
                         self.hub.notify(names.channel());
                     }
                     return Ok(outcome);
                 }
                 Err(MultiWriteError::OperationFailed {
-                    source: Error::NoNode,
-                    index: 0,
-                }) if guard_folded => {
-                    guard_in_transaction = false;
-                    continue;
-                }
-                Err(MultiWriteError::OperationFailed {
-                    source: Error::BadVersion | Error::NoNode | Error::NodeExists,
+                    source: Error::BadVersion | Error::NoNode | Error::NodeExists | Error::NotEmpty,
                     ..
                 }) => continue,
                 Err(e) => {
@@ -501,6 +507,7 @@ impl LockStore for ZooKeeperBackend {
         let client = self.session.client();
         let path = record_path(names.record());
         self.catch_up(&client, &path).await?;
+        let mut pinned = false;
         for _ in 0..TRIES {
             let Some(read) = self.read(&client, &path).await? else {
                 return Ok(false);
@@ -511,6 +518,12 @@ impl LockStore for ZooKeeperBackend {
             if fence_of(record.fence(read.stat.mzxid)) != fence || self.live(&read).await?.is_none()
             {
                 return Ok(false);
+            }
+            if !self
+                .ready_to_write(&client, &path, &read, &mut pinned)
+                .await?
+            {
+                continue;
             }
             let free = Value::free(read.value.done_until());
             if self

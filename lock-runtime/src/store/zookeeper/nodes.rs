@@ -1,15 +1,15 @@
 //! What the store does with one lock's nodes: read them, judge their expiry on the server's
-//! clock, take a record with its guard, write it at a version, renew it, show it.
+//! clock, take a record, pin an idle one before writing it at a version, renew it, show it.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error, MultiWriteError, MultiWriteResult, Stat};
+use zookeeper_client::{Client, CreateMode, Error, Stat};
 
 use super::record::{Record, Value, done_expiry};
 use super::{
-    RECORD_NODE_TTL, TRIES, ZooKeeperBackend, done_path, duration_ms, fence_of, guard_path, ms,
-    record_path,
+    PIN_AFTER_IDLE, PIN_TTL, RECORD_NODE_TTL, TRIES, ZooKeeperBackend, done_path, duration_ms,
+    fence_of, ms, record_path,
 };
 use crate::LockError;
 use crate::store::{ExtendItem, KeyNames, RecordView, Renewal};
@@ -137,77 +137,89 @@ impl ZooKeeperBackend {
     }
 
     /// The acquiring write: our record at `path`, created where there is no node (`version`
-    /// None), else written at `version`; in the same transaction, an ephemeral child
-    /// `h-<token>` while we hold it. The server's sweep of expired TTL nodes deletes what it
-    /// listed without looking again, and refuses only a node with children: without the
-    /// child, a record node idle long enough to be listed could be deleted just after this
-    /// write, and a second acquirer would create it anew. The node's stat after the write, or
-    /// None when someone else wrote first.
+    /// None), else written at `version` (after [`ready_to_write`](Self::ready_to_write)). The
+    /// node's stat after the write, or None when someone else wrote first.
     pub(super) async fn take(
         &self,
         client: &Client,
         path: &str,
         value: &[u8],
         version: Option<i32>,
-        token: &str,
     ) -> Result<Option<Stat>, LockError> {
-        let mut writer = client.new_multi_writer();
+        if let Some(version) = version {
+            return self.write(client, path, value, version).await;
+        }
         let record_node = self
             .session
             .create_options(CreateMode::Persistent)
             .with_ttl(RECORD_NODE_TTL);
-        let guard = self.session.create_options(CreateMode::Ephemeral);
-        match version {
-            None => writer.add_create(path, value, &record_node),
-            Some(version) => writer.add_set_data(path, value, Some(version)),
-        }
-        .and_then(|()| writer.add_create(&guard_path(path, token), b"", &guard))
-        .map_err(|e| self.error("building a transaction failed", e, client))?;
         let sent = Instant::now();
-        let results = match writer.commit().await {
-            Ok(results) => results,
-            Err(MultiWriteError::OperationFailed {
-                source: Error::NodeExists | Error::BadVersion | Error::NoNode,
-                ..
-            }) => return Ok(None),
-            Err(e) => {
-                return Err(self.error(&format!("writing `{path}` failed"), e.into(), client));
-            }
-        };
-        let stat = results.into_iter().find_map(|result| match result {
-            MultiWriteResult::Create { stat, .. } | MultiWriteResult::SetData { stat } => {
-                Some(stat)
-            }
-            _ => None,
-        });
-        match stat {
-            Some(stat) if !stat.is_invalid() => {
+        match client.create(path, value, &record_node).await {
+            Ok((stat, _)) if !stat.is_invalid() => {
                 self.session.note_time(stat.mtime, sent);
                 Ok(Some(stat))
             }
-            _ => Err(LockError::config(format!(
-                "ZooKeeper at `{}` answered a write without its stat: the lock store needs \
+            Ok(_) => Err(LockError::config(format!(
+                "ZooKeeper at `{}` answered a create without its stat: the lock store needs \
                  ZooKeeper 3.5.3 or newer",
                 self.session.shown
             ))),
+            Err(Error::NodeExists) => Ok(None),
+            Err(e) => Err(self.error(&format!("creating `{path}` failed"), e, client)),
         }
     }
 
-    /// Removes the guard child of `token`'s holding, if it is there (best effort: it is
-    /// ephemeral, and goes with this session anyway).
-    pub(super) async fn drop_guard(&self, client: &Client, path: &str, token: &str) {
-        let guard = guard_path(path, token);
-        match client.delete(&guard, None).await {
-            Ok(()) | Err(Error::NoNode) => {}
-            Err(e) => {
-                tracing::debug!(node = %guard, error = %e, "ZooKeeper: guard node left to its session")
-            }
+    /// Whether a write at the version of `read` may go now (true), or the node must be read
+    /// again first (false). The servers' sweep of TTL nodes lists the nodes idle past their
+    /// ttl, then deletes each without looking at it again (it refuses only a node with
+    /// children), and a node made again numbers its versions from 0 again: a write "at the
+    /// version read" of a node that may be on that list could land on a node made again
+    /// since, another holder's. So a node idle for more than [`PIN_AFTER_IDLE`] is first
+    /// pinned by a child of ours (a TTL node of [`PIN_TTL`], longer than any sweep's pass
+    /// takes): from then on the node at `path` is the one pinned, and a read after the pin (on
+    /// this session, which sees its own writes) is one to write at. A node idle for less
+    /// cannot be on the list until 7 days later (it is listed only past
+    /// [`RECORD_NODE_TTL`]), and the write follows its read within one call, a few round
+    /// trips, each answered on a live session or failed with it. `pinned` says this call
+    /// pinned `path` already.
+    pub(super) async fn ready_to_write(
+        &self,
+        client: &Client,
+        path: &str,
+        read: &Read,
+        pinned: &mut bool,
+    ) -> Result<bool, LockError> {
+        if *pinned {
+            return Ok(true);
         }
+        let now = match self.session.server_now_at_most() {
+            Some(now) => now,
+            None => {
+                self.session.server_now().await?;
+                self.session.server_now_at_most().unwrap_or(i64::MAX)
+            }
+        };
+        if now.saturating_sub(read.stat.mtime) <= ms(PIN_AFTER_IDLE) {
+            return Ok(true);
+        }
+        let pin = format!("{path}/p-{}", uuid::Uuid::new_v4().simple());
+        let options = self
+            .session
+            .create_options(CreateMode::Persistent)
+            .with_ttl(PIN_TTL);
+        match client.create(&pin, b"", &options).await {
+            Ok(_) => *pinned = true,
+            // Gone meanwhile: read again, and make it anew.
+            Err(Error::NoNode) => {}
+            Err(e) => return Err(self.error(&format!("pinning `{path}` failed"), e, client)),
+        }
+        Ok(false)
     }
 
     pub(super) async fn renew(&self, item: &ExtendItem) -> Renewal {
         let client = self.session.client();
         let path = record_path(&item.record);
+        let mut pinned = false;
         for _ in 0..TRIES {
             let read = match self.read(&client, &path).await {
                 Ok(Some(read)) => read,
@@ -220,6 +232,14 @@ impl ZooKeeperBackend {
             if self.surely_expired(record, &read.stat) {
                 // Another acquire may take it over at any moment.
                 return Renewal::NotOurs;
+            }
+            match self
+                .ready_to_write(&client, &path, &read, &mut pinned)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return Renewal::Unknown(e.to_string()),
             }
             let renewed = Record {
                 ttl_ms: ms(item.ttl),

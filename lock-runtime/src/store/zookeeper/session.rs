@@ -15,8 +15,8 @@ use crate::{BackendError, LockError};
 pub(super) const BASE: &str = "/distributed-locks";
 /// How long a ZooKeeper session lives without a heartbeat unless the store is told otherwise
 /// (the servers clamp it to their tickTime x 2..20 by default). Leases do not depend on it:
-/// the only ephemeral node this store writes is the marker child of a held record, which
-/// guards the record against the servers' sweep of idle TTL nodes, not the lease.
+/// nothing this store writes is ephemeral. When one expires, what this store knew of the
+/// server's clock is dropped with it (see [`Session::renew`]).
 const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest session timeout the store asks for (ZooKeeper counts it in i32 milliseconds).
 const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(86_400);
@@ -114,6 +114,11 @@ impl Session {
             .sync(BASE)
             .await
             .map_err(|e| error("syncing a new session failed", &self.shown, e))?;
+        // The old session expired because this process went unheard for its timeout (paused,
+        // suspended, cut off): the local clock may not have counted all of that time (a
+        // suspended machine's monotonic clock stops), so the server time read before it is
+        // no base to count from any more.
+        *self.reading.lock().unwrap_or_else(PoisonError::into_inner) = None;
         *self.client.lock().unwrap_or_else(PoisonError::into_inner) = client;
         tracing::warn!(connect = %self.shown, "ZooKeeper session expired; a new one was opened");
         Ok(())
