@@ -53,22 +53,11 @@ impl HandEtcd {
     }
 }
 
-/// What the etcd rows measured.
-pub(crate) struct EtcdRows {
-    pub(crate) server_version: String,
-    /// Median pairs/s, 1 task: [hand-written, ours].
-    pub(crate) one: [f64; 2],
-    /// Median pairs/s, 64 tasks: [hand-written, ours].
-    pub(crate) many: [f64; 2],
-    pub(crate) handoff_p50: Duration,
-    pub(crate) handoff_p99: Duration,
-}
-
 pub(crate) async fn measure(
     duration: Duration,
     rounds: usize,
     handoffs: usize,
-) -> anyhow::Result<EtcdRows> {
+) -> anyhow::Result<rows::StoreRows> {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1)).await?;
     let endpoints = cluster.endpoints();
     let hand = HandEtcd::connect(&endpoints).await?;
@@ -100,8 +89,10 @@ pub(crate) async fn measure(
     ours.shutdown().await;
     drop(impls);
     tokio::task::spawn_blocking(move || drop(cluster)).await?;
-    Ok(EtcdRows {
+    Ok(rows::StoreRows {
+        server: format!("etcd {server_version}"),
         server_version,
+        baseline: "hand-written lease + txn put + txn delete",
         one,
         many,
         handoff_p50,

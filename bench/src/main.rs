@@ -211,26 +211,18 @@ async fn main() -> anyhow::Result<()> {
     }
     if zookeeper_only {
         let rows = zookeeper::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
-        print_store_rows(
-            &format!("ZooKeeper {} (1 member)", rows.server_version),
-            [rows.one, rows.many],
-            [rows.handoff_p50, rows.handoff_p99],
-        );
+        rows.print();
         if let Some(path) = json_path {
-            let report =
-                json!({"zookeeper": zookeeper_json(&rows), "provenance": sys::provenance()});
+            let report = json!({"zookeeper": rows.json(), "provenance": sys::provenance()});
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
             println!("\nwrote {path}");
         }
         return Ok(());
     }
     if etcd_only {
-        let rows = etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs).await?;
-        print_store_rows(
-            &format!("etcd {}", rows.server_version),
-            [rows.one, rows.many],
-            [rows.handoff_p50, rows.handoff_p99],
-        );
+        etcd::measure(mode.pair_duration, mode.rounds, mode.handoffs)
+            .await?
+            .print();
         return Ok(());
     }
     if postgres_only {
@@ -521,8 +513,8 @@ async fn main() -> anyhow::Result<()> {
         },
         "provenance": sys::provenance(),
         "postgres": pg_json(&pg),
-        "etcd": etcd_json(&etcd_rows),
-        "zookeeper": zookeeper_json(&zookeeper_rows),
+        "etcd": etcd_rows.json(),
+        "zookeeper": zookeeper_rows.json(),
         "targets": checks.iter().map(|(w, ok, v)| json!({"target": w, "met": ok, "value": v})).collect::<Vec<_>>(),
     });
     println!();
@@ -552,53 +544,6 @@ async fn implementations(url: &str) -> anyhow::Result<(LockRuntime, Vec<Arc<Impl
         )),
     ];
     Ok((ours_runtime, impls))
-}
-
-/// Rows 1-3 of a store measured alone (`--etcd-only`, `--zookeeper-only`): pairs/s with 1
-/// and 64 tasks, [hand-written, ours] each, and the handoff's p50 and p99.
-fn print_store_rows(store: &str, pairs: [[f64; 2]; 2], handoff: [Duration; 2]) {
-    println!("{store}:");
-    for (tasks, pair) in [1, 64].into_iter().zip(pairs) {
-        println!(
-            "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
-            pair[0],
-            pair[1],
-            pair[1] / pair[0].max(1e-9)
-        );
-    }
-    println!(
-        "  handoff p50 / p99: {:.2} / {:.2} ms",
-        ms(handoff[0]),
-        ms(handoff[1])
-    );
-}
-
-/// The ZooKeeper rows as JSON.
-fn zookeeper_json(rows: &zookeeper::ZooKeeperRows) -> serde_json::Value {
-    json!({
-        "server_version": rows.server_version,
-        "members": 1,
-        "implementations": ["hand-written ephemeral node create + delete", "ours (programmatic)"],
-        "pairs_per_s_1_task": rows.one,
-        "pairs_per_s_64_tasks": rows.many,
-        "ours_vs_hand_1_task": rows.one[1] / rows.one[0],
-        "ours_vs_hand_64_tasks": rows.many[1] / rows.many[0],
-        "handoff_ms": {"p50": ms(rows.handoff_p50), "p99": ms(rows.handoff_p99)},
-    })
-}
-
-/// The etcd rows as JSON.
-fn etcd_json(rows: &etcd::EtcdRows) -> serde_json::Value {
-    json!({
-        "server_version": rows.server_version,
-        "members": 1,
-        "implementations": ["hand-written lease + txn put + txn delete", "ours (programmatic)"],
-        "pairs_per_s_1_task": rows.one,
-        "pairs_per_s_64_tasks": rows.many,
-        "ours_vs_hand_1_task": rows.one[1] / rows.one[0],
-        "ours_vs_hand_64_tasks": rows.many[1] / rows.many[0],
-        "handoff_ms": {"p50": ms(rows.handoff_p50), "p99": ms(rows.handoff_p99)},
-    })
 }
 
 /// The PostgreSQL rows as JSON.

@@ -406,3 +406,57 @@ pub(crate) async fn macro_overhead(
     memory_runtime.shutdown().await;
     Ok((ratios[0], ratios[1]))
 }
+
+/// Rows 1-3 of a store measured against its hand-written lock (etcd, ZooKeeper): pairs/s
+/// with 1 and 64 tasks, [hand-written, ours] each, and the handoff's p50 and p99.
+pub(crate) struct StoreRows {
+    /// The store and its version, as the rows name it (`etcd 3.4.23`).
+    pub(crate) server: String,
+    pub(crate) server_version: String,
+    /// What the hand-written lock does, as the table names it.
+    pub(crate) baseline: &'static str,
+    /// Median pairs/s, 1 task: [hand-written, ours].
+    pub(crate) one: [f64; 2],
+    /// Median pairs/s, 64 tasks: [hand-written, ours].
+    pub(crate) many: [f64; 2],
+    pub(crate) handoff_p50: Duration,
+    pub(crate) handoff_p99: Duration,
+}
+
+impl StoreRows {
+    /// The rows as printed by `--etcd-only` and `--zookeeper-only`.
+    pub(crate) fn print(&self) {
+        println!("{}:", self.server);
+        for (tasks, pair) in [1, 64].into_iter().zip([self.one, self.many]) {
+            println!(
+                "  {tasks} task(s): hand-written {:.0} pairs/s, ours {:.0} ({:.2}x)",
+                pair[0],
+                pair[1],
+                pair[1] / pair[0].max(1e-9)
+            );
+        }
+        println!(
+            "  handoff p50 / p99: {:.2} / {:.2} ms",
+            millis(self.handoff_p50),
+            millis(self.handoff_p99)
+        );
+    }
+
+    /// The rows as the results file keeps them (what `table` reads).
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "server_version": self.server_version,
+            "members": 1,
+            "implementations": [self.baseline, "ours (programmatic)"],
+            "pairs_per_s_1_task": self.one,
+            "pairs_per_s_64_tasks": self.many,
+            "ours_vs_hand_1_task": self.one[1] / self.one[0],
+            "ours_vs_hand_64_tasks": self.many[1] / self.many[0],
+            "handoff_ms": {"p50": millis(self.handoff_p50), "p99": millis(self.handoff_p99)},
+        })
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

@@ -60,10 +60,10 @@ pub(crate) fn markdown(r: &Value) -> anyhow::Result<String> {
         postgres_rows(r, &mut out)?;
     }
     if r.get("etcd").is_some() {
-        etcd_rows(r, &mut out)?;
+        store_rows(r, "etcd", "etcd", &mut out)?;
     }
     if r.get("zookeeper").is_some() {
-        zookeeper_rows(r, &mut out)?;
+        store_rows(r, "zookeeper", "ZooKeeper", &mut out)?;
     }
     if let Some(targets) = r.get("targets").and_then(Value::as_array) {
         writeln!(out, "\n```text\ntargets:")?;
@@ -222,52 +222,30 @@ fn watchdog_row(r: &Value, out: &mut String, row: &str, key: &str) -> anyhow::Re
     Ok(())
 }
 
-fn zookeeper_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
-    let zk = r.get("zookeeper").context("no ZooKeeper rows")?;
-    let version = text(zk, "/server_version");
+/// Rows 1-3 of a store against its hand-written lock (`etcd`, `zookeeper`), named `name`;
+/// the baseline's label is the results file's own.
+fn store_rows(r: &Value, key: &str, name: &str, out: &mut String) -> anyhow::Result<()> {
+    let rows = r.get(key).with_context(|| format!("no {name} rows"))?;
+    let version = text(rows, "/server_version");
+    let baseline = text(rows, "/implementations/0");
     for (label, key, tasks) in [("1", "1_task", "1 task"), ("2", "64_tasks", "64 tasks")] {
-        let hand = num(zk, &format!("/pairs_per_s_{key}/0"))?;
-        let ours = num(zk, &format!("/pairs_per_s_{key}/1"))?;
+        let hand = num(rows, &format!("/pairs_per_s_{key}/0"))?;
+        let ours = num(rows, &format!("/pairs_per_s_{key}/1"))?;
         writeln!(
             out,
-            "| {label}. pairs/s, {tasks}, ZooKeeper {version} (1 member) | hand-written ephemeral node create + delete | {hand:.0} | baseline |"
+            "| {label}. pairs/s, {tasks}, {name} {version} (1 member) | {baseline} | {hand:.0} | baseline |"
         )?;
         writeln!(
             out,
-            "| {label}. pairs/s, {tasks}, ZooKeeper {version} (1 member) | ours (programmatic) | {ours:.0} | {:.2}x |",
+            "| {label}. pairs/s, {tasks}, {name} {version} (1 member) | ours (programmatic) | {ours:.0} | {:.2}x |",
             ours / hand.max(1e-9)
         )?;
     }
     writeln!(
         out,
-        "| 3. handoff p50 / p99, ZooKeeper {version} (1 member) | ours (watch) | {:.2} / {:.2} ms | |",
-        num(zk, "/handoff_ms/p50")?,
-        num(zk, "/handoff_ms/p99")?,
-    )?;
-    Ok(())
-}
-
-fn etcd_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
-    let etcd = r.get("etcd").context("no etcd rows")?;
-    let version = text(etcd, "/server_version");
-    for (label, key, tasks) in [("1", "1_task", "1 task"), ("2", "64_tasks", "64 tasks")] {
-        let hand = num(etcd, &format!("/pairs_per_s_{key}/0"))?;
-        let ours = num(etcd, &format!("/pairs_per_s_{key}/1"))?;
-        writeln!(
-            out,
-            "| {label}. pairs/s, {tasks}, etcd {version} (1 member) | hand-written lease + txn put + txn delete | {hand:.0} | baseline |"
-        )?;
-        writeln!(
-            out,
-            "| {label}. pairs/s, {tasks}, etcd {version} (1 member) | ours (programmatic) | {ours:.0} | {:.2}x |",
-            ours / hand.max(1e-9)
-        )?;
-    }
-    writeln!(
-        out,
-        "| 3. handoff p50 / p99, etcd {version} (1 member) | ours (watch) | {:.2} / {:.2} ms | |",
-        num(etcd, "/handoff_ms/p50")?,
-        num(etcd, "/handoff_ms/p99")?,
+        "| 3. handoff p50 / p99, {name} {version} (1 member) | ours (watch) | {:.2} / {:.2} ms | |",
+        num(rows, "/handoff_ms/p50")?,
+        num(rows, "/handoff_ms/p99")?,
     )?;
     Ok(())
 }

@@ -51,17 +51,6 @@ impl HandZooKeeper {
     }
 }
 
-/// What the ZooKeeper rows measured.
-pub(crate) struct ZooKeeperRows {
-    pub(crate) server_version: String,
-    /// Median pairs/s, 1 task: [hand-written, ours].
-    pub(crate) one: [f64; 2],
-    /// Median pairs/s, 64 tasks: [hand-written, ours].
-    pub(crate) many: [f64; 2],
-    pub(crate) handoff_p50: Duration,
-    pub(crate) handoff_p99: Duration,
-}
-
 /// The version of the ZooKeeper the rows run on (Debian's package).
 fn server_version() -> String {
     std::process::Command::new("dpkg-query")
@@ -77,7 +66,7 @@ pub(crate) async fn measure(
     duration: Duration,
     rounds: usize,
     handoffs: usize,
-) -> anyhow::Result<ZooKeeperRows> {
+) -> anyhow::Result<rows::StoreRows> {
     let ensemble = tokio::task::spawn_blocking(|| ZooKeeperEnsemble::start(1)).await?;
     let connect = ensemble.connect_string();
     let hand = HandZooKeeper::connect(&connect).await?;
@@ -95,8 +84,11 @@ pub(crate) async fn measure(
     ours.shutdown().await;
     drop(impls);
     tokio::task::spawn_blocking(move || drop(ensemble)).await?;
-    Ok(ZooKeeperRows {
-        server_version: server_version(),
+    let server_version = server_version();
+    Ok(rows::StoreRows {
+        server: format!("ZooKeeper {server_version} (1 member)"),
+        server_version,
+        baseline: "hand-written ephemeral node create + delete",
         one,
         many,
         handoff_p50,
