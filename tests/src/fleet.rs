@@ -253,8 +253,11 @@ impl Fleet {
             eprintln!("{v}");
         }
         let seed = self.seed;
+        // Against a soak that checked nothing: a broken one takes next to no lock. (A 10 s etcd
+        // soak whose schedule restarted every member and killed the leader three times took
+        // 150 on two loaded cores.)
         assert!(
-            report.holdings > 200,
+            report.holdings > 100,
             "the soak did real work: {} acquisitions",
             report.holdings
         );
