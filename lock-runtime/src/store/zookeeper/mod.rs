@@ -217,9 +217,7 @@ impl LockStore for ZooKeeperBackend {
                         // yet: before answering "held", catch up with the leader once.
                         if !synced {
                             synced = true;
-                            client.sync(&path).await.map_err(|e| {
-                                self.error(&format!("syncing `{path}` failed"), e, &client)
-                            })?;
+                            self.catch_up(&client, &path).await?;
                             continue;
                         }
                         return Ok(AcquireOutcome::Held { pttl: Some(pttl) });
@@ -283,11 +281,7 @@ impl LockStore for ZooKeeperBackend {
                     .with_ttl(retention.max(Duration::from_millis(1)));
                 // A child pins the new marker for PIN_TTL: a pass of the servers' sweep that
                 // listed the old one (expired, at the same path) cannot delete the new one.
-                let pin = self
-                    .session
-                    .create_options(CreateMode::Persistent)
-                    .with_ttl(PIN_TTL);
-                let pin_path = format!("{done}/p-{}", uuid::Uuid::new_v4().simple());
+                let (pin_path, pin) = self.pin_of(&done);
                 if let Some(stat) = existing {
                     // The old marker goes with its pins (a pin added meanwhile fails the
                     // transaction, which is tried again).

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use zookeeper_client::{Client, CreateMode, Error, Stat};
+use zookeeper_client::{Client, CreateMode, CreateOptions, Error, Stat};
 
 use super::record::{Record, Value, done_expiry};
 use super::{
@@ -202,11 +202,7 @@ impl ZooKeeperBackend {
         if now.saturating_sub(read.stat.mtime) <= ms(PIN_AFTER_IDLE) {
             return Ok(true);
         }
-        let pin = format!("{path}/p-{}", uuid::Uuid::new_v4().simple());
-        let options = self
-            .session
-            .create_options(CreateMode::Persistent)
-            .with_ttl(PIN_TTL);
+        let (pin, options) = self.pin_of(path);
         match client.create(&pin, b"", &options).await {
             Ok(_) => *pinned = true,
             // Gone meanwhile: read again, and make it anew.
@@ -214,6 +210,19 @@ impl ZooKeeperBackend {
             Err(e) => return Err(self.error(&format!("pinning `{path}` failed"), e, client)),
         }
         Ok(false)
+    }
+
+    /// A new pin child of `node` (`p-<id>`, a TTL node of [`PIN_TTL`]) and how to create it:
+    /// while it is there, the servers' sweep cannot delete `node`.
+    pub(super) fn pin_of(&self, node: &str) -> (String, CreateOptions<'static>) {
+        let options = self
+            .session
+            .create_options(CreateMode::Persistent)
+            .with_ttl(PIN_TTL);
+        (
+            format!("{node}/p-{}", uuid::Uuid::new_v4().simple()),
+            options,
+        )
     }
 
     pub(super) async fn renew(&self, item: &ExtendItem) -> Renewal {
