@@ -44,6 +44,10 @@ fi
 # SIGPIPE that etcd then gets ended the whole script (exit 141).
 "${ETCD_BIN:-etcd}" --version | sed -n 1p
 
+# One build from a clean clone: incremental compilation only adds its caches to the disk
+# (several GB for this workspace) and saves nothing. Set CARGO_INCREMENTAL=1 to keep them.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 # Each step is timed; the times are printed at the end.
 # shellcheck source=scripts/lib/steps.sh
 source scripts/lib/steps.sh

@@ -6,11 +6,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::sentinel::SentinelHandle;
+use super::wire::Wire;
 
-/// The command connection of a store: a self-reconnecting multiplexed connection to one
-/// server, or a cluster connection that follows MOVED/ASK and topology changes.
+/// The command connection of a store: the lean connection to one server over plain TCP, a
+/// self-reconnecting multiplexed connection to one server (TLS, Unix sockets, RESP3), or a
+/// cluster connection that follows MOVED/ASK and topology changes.
 #[derive(Clone)]
 pub(crate) enum Conn {
+    Wire(Wire),
     Single(ConnectionManager),
     Cluster(ClusterConnection),
     Sentinel(SentinelHandle),
@@ -26,6 +29,12 @@ fn worth_one_retry(e: &redis::RedisError) -> bool {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
+            Conn::Wire(c) => Box::pin(async move {
+                match c.request(cmd).await {
+                    Err(e) if worth_one_retry(&e) => c.request(cmd).await,
+                    other => other,
+                }
+            }),
             Conn::Single(c) => Box::pin(async move {
                 match c.req_packed_command(cmd).await {
                     Err(e) if worth_one_retry(&e) => c.req_packed_command(cmd).await,
@@ -44,6 +53,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
+            Conn::Wire(c) => Box::pin(c.request_many(pipeline, offset, count)),
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
@@ -52,6 +62,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
+            Conn::Wire(c) => c.db(),
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Sentinel(c) => c.get_db(),
@@ -89,6 +100,13 @@ impl ConnectionLike for NotingConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             match &mut self.conn {
+                Conn::Wire(c) => match c.request(cmd).await {
+                    Err(e) if worth_one_retry(&e) => {
+                        self.retried = true;
+                        c.request(cmd).await
+                    }
+                    other => other,
+                },
                 Conn::Single(c) => match c.req_packed_command(cmd).await {
                     Err(e) if worth_one_retry(&e) => {
                         self.retried = true;

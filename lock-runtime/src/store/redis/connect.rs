@@ -15,6 +15,7 @@ use super::options::{RedisOptions, Topology};
 use super::reply::percent_decode;
 use super::scripts::Scripts;
 use super::sentinel::{SentinelConn, SentinelHandle, SentinelSpec};
+use super::wire::Wire;
 use super::{RedisBackend, version};
 use crate::config::{redact_url, url_secret};
 use crate::error::scrub;
@@ -125,16 +126,11 @@ impl RedisBackend {
         if !allow_unreachable || options.topology != Topology::Single {
             return Err(failure);
         }
-        let url = options.urls.first().map(String::as_str).unwrap_or_default();
-        let client =
-            open_client(url, options.tls_root_cert.as_deref()).map_err(|e| shown.bad_url(e))?;
-        let lazy_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.command_timeout))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, lazy_config)
-            .map_err(|e| shown.bad_url(e))?;
-        let backend = Self::assemble(Conn::Single(conn), false, options, shown, hub, None);
+        let conn = single(&options, &shown, true).await.map_err(|e| match e {
+            Failure::Config(e) => e,
+            Failure::Redis(e) => shown.bad_url(e),
+        })?;
+        let backend = Self::assemble(conn, false, options, shown, hub, None);
         Ok((backend, Some(failure)))
     }
 
@@ -190,11 +186,29 @@ async fn open(
         let client = cluster_builder(options).build().map_err(bad_url)?;
         return Ok(Conn::Cluster(client.get_async_connection().await?));
     }
+    single(options, shown, false).await
+}
+
+/// The connection to one server: the lean one (`wire`) over plain TCP, which connects on its
+/// first request; else redis-rs' connection manager, connected now unless `lazy`.
+async fn single(options: &RedisOptions, shown: &Shown, lazy: bool) -> Result<Conn, Failure> {
+    let bad_url = |e| Failure::Config(shown.bad_url(e));
     let url = options.urls.first().map(String::as_str).unwrap_or_default();
-    let client = open_client(url, options.tls_root_cert.as_deref()).map_err(bad_url)?;
+    let info = url.into_connection_info().map_err(bad_url)?;
+    if let Some(wire) = Wire::for_info(&info, options.connect_timeout, options.command_timeout) {
+        return Ok(Conn::Wire(wire));
+    }
+    let client = open_client(info, options.tls_root_cert.as_deref()).map_err(bad_url)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
-        .set_response_timeout(Some(options.command_timeout))
+        .set_response_timeout(Some(options.command_timeout));
+    if lazy {
+        let config = config.set_number_of_retries(1);
+        return Ok(Conn::Single(
+            ConnectionManager::new_lazy_with_config(client, config).map_err(bad_url)?,
+        ));
+    }
+    let config = config
         .set_number_of_retries(3)
         .set_max_delay(Duration::from_secs(1));
     Ok(Conn::Single(

@@ -19,10 +19,12 @@ mod operator;
 mod options;
 mod replication;
 mod reply;
+mod resp;
 mod scripts;
 mod sentinel;
 mod subscriber;
 mod version;
+mod wire;
 
 use self::conn::{Conn, slot};
 use self::operator::Read;
