@@ -286,13 +286,14 @@ async fn main() -> anyhow::Result<()> {
             println!("{tasks} task(s):");
             for (imp, t) in impls.iter().zip(row.iter()) {
                 println!(
-                    "  {:<28} {:>9.0} pairs/s ({:.2}x raw; spread {:.0}-{:.0}), server {:.2} us/pair",
+                    "  {:<28} {:>9.0} pairs/s ({:.2}x raw; spread {:.0}-{:.0}), server {:.2} us/pair, client {:.2} us/pair",
                     imp.name(),
                     t.pairs_per_s,
                     t.pairs_per_s / row[0].pairs_per_s.max(1.0),
                     t.spread.0,
                     t.spread.1,
-                    t.server_us_per_pair
+                    t.server_us_per_pair,
+                    t.client_us_per_pair
                 );
             }
         }
@@ -484,6 +485,9 @@ async fn main() -> anyhow::Result<()> {
         "server_time": "the Redis process's CPU time (user + system, INFO cpu) per pair",
         "server_us_per_pair_1_task": one_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
         "server_us_per_pair_64_tasks": many_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+        "client_time": "this process's CPU time (every thread, user + system, /proc/self/stat) per pair",
+        "client_us_per_pair_1_task": one_t.iter().map(|t| t.client_us_per_pair).collect::<Vec<_>>(),
+        "client_us_per_pair_64_tasks": many_t.iter().map(|t| t.client_us_per_pair).collect::<Vec<_>>(),
         "shared_keys": {
             "tasks": SHARED_TASKS,
             "clients": SHARED_CLIENTS,
@@ -492,6 +496,7 @@ async fn main() -> anyhow::Result<()> {
             "pairs_per_s": shared_t.iter().map(|t| t.pairs_per_s).collect::<Vec<_>>(),
             "pairs_per_s_spread": spread(&shared_t),
             "server_us_per_pair": shared_t.iter().map(|t| t.server_us_per_pair).collect::<Vec<_>>(),
+            "client_us_per_pair": shared_t.iter().map(|t| t.client_us_per_pair).collect::<Vec<_>>(),
             "tries": shared_tries.iter().map(|t| t[0]).collect::<Vec<_>>(),
             "tries_held": shared_tries.iter().map(|t| t[1]).collect::<Vec<_>>(),
         },

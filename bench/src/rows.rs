@@ -70,16 +70,20 @@ pub(crate) struct Throughput {
     /// The Redis server process's CPU time per pair (user + system, from INFO cpu), in
     /// microseconds.
     pub(crate) server_us_per_pair: f64,
+    /// This process's CPU time per pair (every thread, user + system), in microseconds: the
+    /// client's side, the implementation under test being the only one running.
+    pub(crate) client_us_per_pair: f64,
 }
 
 impl Throughput {
-    fn of(rates: Vec<f64>, server_us: Vec<f64>) -> Self {
+    fn of(rates: Vec<f64>, server_us: Vec<f64>, client_us: Vec<f64>) -> Self {
         let low = rates.iter().copied().fold(f64::INFINITY, f64::min);
         let high = rates.iter().copied().fold(0.0, f64::max);
         Throughput {
             pairs_per_s: median(rates),
             spread: (if low.is_finite() { low } else { 0.0 }, high),
             server_us_per_pair: median(server_us),
+            client_us_per_pair: median(client_us),
         }
     }
 }
@@ -96,6 +100,7 @@ pub(crate) async fn throughput_table(
 ) -> anyhow::Result<Vec<Throughput>> {
     let mut samples = vec![Vec::new(); impls.len()];
     let mut server_us = vec![Vec::new(); impls.len()];
+    let mut client_us = vec![Vec::new(); impls.len()];
     for round in 0..rounds {
         for i in (0..impls.len()).map(|k| (k + round) % impls.len()) {
             let imp = &impls[i];
@@ -109,7 +114,9 @@ pub(crate) async fn throughput_table(
                     .await?;
             }
             let before = server_cpu_us(server).await?;
+            let client_before = process_cpu_us()?;
             let (rate, pairs) = throughput(imp.clone(), tasks, duration, &tag).await?;
+            let client_spent = process_cpu_us()? - client_before;
             let spent = server_cpu_us(server).await? - before;
             if std::env::var_os("LOCK_BENCH_SERVER_STATS").is_some() {
                 let info: String = redis::cmd("INFO")
@@ -123,12 +130,14 @@ pub(crate) async fn throughput_table(
             }
             samples[i].push(rate);
             server_us[i].push(spent as f64 / (pairs as f64).max(1.0));
+            client_us[i].push(client_spent as f64 / (pairs as f64).max(1.0));
         }
     }
     Ok(samples
         .into_iter()
         .zip(server_us)
-        .map(|(rates, us)| Throughput::of(rates, us))
+        .zip(client_us)
+        .map(|((rates, us), client)| Throughput::of(rates, us, client))
         .collect())
 }
 
@@ -150,9 +159,11 @@ pub(crate) async fn shared_keys_table(
     let mut server_us = vec![Vec::new(); clients.len()];
     // Per implementation, over all rounds: tries, and tries that found the key held.
     let mut tries = vec![[0u64; 2]; clients.len()];
+    let mut client_us = vec![Vec::new(); clients.len()];
     for round in 0..rounds {
         for i in (0..clients.len()).map(|k| (k + round) % clients.len()) {
             let before = server_cpu_us(server).await?;
+            let client_before = process_cpu_us()?;
             let started = Instant::now();
             let stop = started + duration;
             let mut handles = Vec::new();
@@ -185,10 +196,12 @@ pub(crate) async fn shared_keys_table(
                 held += missed;
             }
             let rate = total as f64 / started.elapsed().as_secs_f64();
+            let client_spent = process_cpu_us()? - client_before;
             let spent = server_cpu_us(server).await? - before;
             samples[i].push(rate);
             // Every try costs the server, the held ones too: time per pair that got its key.
             server_us[i].push(spent as f64 / (total as f64).max(1.0));
+            client_us[i].push(client_spent as f64 / (total as f64).max(1.0));
             tries[i][0] += total + held;
             tries[i][1] += held;
         }
@@ -196,7 +209,8 @@ pub(crate) async fn shared_keys_table(
     let rows = samples
         .into_iter()
         .zip(server_us)
-        .map(|(rates, us)| Throughput::of(rates, us))
+        .zip(client_us)
+        .map(|((rates, us), client)| Throughput::of(rates, us, client))
         .collect();
     Ok((rows, tries))
 }
@@ -215,6 +229,28 @@ async fn server_cpu_us(server: &RedisServer) -> anyhow::Result<u64> {
             .unwrap_or(0.0)
     };
     Ok(((field("used_cpu_sys:") + field("used_cpu_user:")) * 1e6) as u64)
+}
+
+/// This process's CPU time so far, every thread, user + system (`/proc/self/stat`, in clock
+/// ticks of 10 ms: a 2 s round of tens of thousands of pairs reads to well under 1%), in
+/// microseconds.
+fn process_cpu_us() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name, which is in parentheses and may hold spaces:
+    // utime and stime are the 14th and 15th of the line, the 12th and 13th after it.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow::anyhow!("/proc/self/stat: no command name"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        Ok(fields
+            .get(i)
+            .ok_or_else(|| anyhow::anyhow!("/proc/self/stat: too few fields"))?
+            .parse::<u64>()?)
+    };
+    // USER_HZ is 100 on every Linux this runs on.
+    Ok((ticks(11)? + ticks(12)?) * 10_000)
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {

@@ -7,13 +7,16 @@
 //! answers one connection's commands in order. It behaves as the connection manager it
 //! replaces where the store depends on it:
 //!
-//! - a request that gets no reply within the command timeout fails, and the connection stays:
-//!   its commands still run on the server in the order they were sent, so a retry or a
-//!   give-back sent after a late acquire cannot overtake it;
-//! - a connection that breaks fails every request waiting on it (an I/O error, which the
-//!   store's callers may send once more) and the next request connects again; a request not
-//!   yet written when it broke goes out on the new connection, as it was never sent;
-//! - requests that arrive while a connect is under way wait for it, and share its failure.
+//! - a request takes at most the command timeout, connecting included; one that gets no reply
+//!   in that time fails, and the connection stays: its commands still run on the server in
+//!   the order they were sent, so a retry or a give-back sent after a late acquire cannot
+//!   overtake it;
+//! - a connection that breaks fails every request queued on it, written or not (an I/O
+//!   error: the store's callers may send once more, and count the first send as possibly
+//!   carried out), and the next request connects again;
+//! - requests that arrive while a connect is under way wait for it, and share its failure;
+//! - a server that answered once is given the request's time to come back (a restart);
+//!   one never reached fails at once, so a wrong address fails `build()` quickly.
 //!
 //! TLS (`rediss://`), Unix sockets and RESP3 stay with redis-rs' connection manager.
 
@@ -65,7 +68,39 @@ struct Shared {
 
 #[derive(Default)]
 struct Attempts {
-    last: Option<(io::ErrorKind, String)>,
+    last: Option<Failure>,
+}
+
+/// A connect failure, kept to be handed to the requests that waited for the same attempt:
+/// an I/O error stays one (transient), anything else (a refused login) keeps its kind.
+enum Failure {
+    Io(io::ErrorKind, String),
+    Other(redis::ErrorKind, String),
+}
+
+impl Failure {
+    fn of(e: &RedisError) -> Failure {
+        if !e.is_io_error() {
+            return Failure::Other(e.kind(), e.to_string());
+        }
+        let kind = if e.is_timeout() {
+            io::ErrorKind::TimedOut
+        } else if e.is_connection_refusal() {
+            io::ErrorKind::ConnectionRefused
+        } else {
+            io::ErrorKind::ConnectionReset
+        };
+        Failure::Io(kind, e.to_string())
+    }
+
+    fn error(&self) -> RedisError {
+        match self {
+            Failure::Io(kind, text) => io::Error::new(*kind, text.clone()).into(),
+            Failure::Other(kind, text) => {
+                RedisError::from((*kind, "cannot connect to Redis", text.clone()))
+            }
+        }
+    }
 }
 
 /// One TCP connection and its two tasks.
@@ -149,11 +184,12 @@ impl Wire {
     /// Sends one command and waits for its reply (a server error is a value, as redis-rs'
     /// connections give it).
     pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let deadline = Instant::now() + self.shared.command_timeout;
         let (tx, rx) = oneshot::channel();
         let mut waiter = Some(Waiter::One(tx));
-        self.send(|buf| cmd.write_packed_command(buf), &mut waiter)
+        self.send(|buf| cmd.write_packed_command(buf), &mut waiter, deadline)
             .await?;
-        self.reply(rx).await?
+        self.reply(rx, deadline).await?
     }
 
     /// Sends a packed pipeline and waits for its `offset + count` replies, handing back the
@@ -174,17 +210,19 @@ impl Wire {
             got: Vec::with_capacity(count),
             tx,
         });
+        let deadline = Instant::now() + self.shared.command_timeout;
         let packed = pipeline.get_packed_pipeline();
-        self.send(|buf| buf.extend_from_slice(&packed), &mut waiter)
+        self.send(|buf| buf.extend_from_slice(&packed), &mut waiter, deadline)
             .await?;
-        self.reply(rx).await?
+        self.reply(rx, deadline).await?
     }
 
     async fn reply<T>(
         &self,
         rx: oneshot::Receiver<Result<T, RedisError>>,
+        deadline: Instant,
     ) -> Result<Result<T, RedisError>, RedisError> {
-        match tokio::time::timeout(self.shared.command_timeout, rx).await {
+        match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(_)) => Err(dropped("the connection to Redis was closed")),
             Err(_) => Err(io::Error::new(
@@ -199,14 +237,20 @@ impl Wire {
     }
 
     /// Puts the command on a live connection, connecting first when there is none; a
-    /// connection found broken before anything was written to it is replaced.
+    /// connection found broken before anything was written to it is replaced, once.
     async fn send(
         &self,
         write: impl Fn(&mut Vec<u8>),
         waiter: &mut Option<Waiter>,
+        deadline: Instant,
     ) -> Result<(), RedisError> {
-        loop {
-            let live = self.live().await?;
+        for _ in 0..2 {
+            let live = match self.current() {
+                Some(live) => live,
+                // Boxed: the connect path would otherwise set the size of every request's
+                // future, which is moved whole on every call.
+                None => Box::pin(self.connect_shared(deadline)).await?,
+            };
             {
                 let mut out = lock(&live.out);
                 if !out.broken {
@@ -219,6 +263,9 @@ impl Wire {
             }
             self.forget(&live);
         }
+        Err(dropped(
+            "the connection to Redis broke as soon as it was made",
+        ))
     }
 
     fn current(&self) -> Option<Arc<Live>> {
@@ -232,10 +279,8 @@ impl Wire {
         }
     }
 
-    async fn live(&self) -> Result<Arc<Live>, RedisError> {
-        if let Some(live) = self.current() {
-            return Ok(live);
-        }
+    /// A new connection, or the one another request just made; one connect at a time.
+    async fn connect_shared(&self, deadline: Instant) -> Result<Arc<Live>, RedisError> {
         let seen = self.shared.failed.load(Ordering::Acquire);
         let mut attempts = self.shared.connecting.lock().await;
         if let Some(live) = self.current() {
@@ -243,14 +288,13 @@ impl Wire {
         }
         if self.shared.failed.load(Ordering::Acquire) != seen {
             // The attempt this request waited for failed: its error, not another try.
-            if let Some((kind, text)) = &attempts.last {
-                return Err(io::Error::new(*kind, text.clone()).into());
+            if let Some(failure) = &attempts.last {
+                return Err(failure.error());
             }
         }
-        // A server that answered once is given the command timeout to come back (a restart,
-        // a failover moving an address), trying again 100 ms after a failure, doubling to
-        // 1 s; one never reached fails at once, so a wrong address fails `build()` quickly.
-        let deadline = Instant::now() + self.shared.command_timeout;
+        // A server that answered once is given until the request's deadline to come back (a
+        // restart, a failover moving an address), trying again 100 ms after a failure,
+        // doubling to 1 s; one never reached fails at once.
         let mut pause = Duration::from_millis(100);
         loop {
             let result = self.connect_once(deadline).await;
@@ -269,14 +313,7 @@ impl Wire {
                 }
                 Err(e) => {
                     self.shared.failed.fetch_add(1, Ordering::AcqRel);
-                    let kind = if e.is_timeout() {
-                        io::ErrorKind::TimedOut
-                    } else if e.is_connection_refusal() {
-                        io::ErrorKind::ConnectionRefused
-                    } else {
-                        io::ErrorKind::ConnectionReset
-                    };
-                    attempts.last = Some((kind, e.to_string()));
+                    attempts.last = Some(Failure::of(&e));
                     return Err(e);
                 }
             }
