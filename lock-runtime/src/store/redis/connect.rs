@@ -2,6 +2,7 @@
 //! the scripts, all within the connect timeout.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -105,8 +106,9 @@ impl RedisBackend {
         let attempt = handshake(&options, sentinel.as_ref(), &shown, what);
         let failure: LockError = match tokio::time::timeout(options.connect_timeout, attempt).await
         {
-            Ok(Ok((conn, sharded))) => {
+            Ok(Ok((conn, sharded, delifeq))) => {
                 let backend = Self::assemble(conn, sharded, options, shown, hub, sentinel);
+                backend.native_delifeq.store(delifeq, Ordering::Relaxed);
                 backend.load_scripts().await?;
                 return Ok((backend, None));
             }
@@ -144,6 +146,7 @@ impl RedisBackend {
     ) -> Self {
         RedisBackend {
             sharded_pubsub,
+            native_delifeq: AtomicBool::new(false),
             lean_owner: std::sync::OnceLock::new(),
             conn,
             options,
@@ -217,13 +220,14 @@ async fn single(options: &RedisOptions, shown: &Shown, lazy: bool) -> Result<Con
 }
 
 /// Opens the connection and checks the servers: they answer, run a version the scripts
-/// support, and (a Cluster) whether they take sharded pub/sub.
+/// support, (a Cluster) whether they take sharded pub/sub, and (one server) whether it takes
+/// `DELIFEQ` from this user.
 async fn handshake(
     options: &RedisOptions,
     sentinel: Option<&Arc<SentinelConn>>,
     shown: &Shown,
     what: &str,
-) -> Result<(Conn, bool), Failure> {
+) -> Result<(Conn, bool, bool), Failure> {
     let mut conn = open(options, sentinel, shown).await?;
     redis::cmd("PING").query_async::<()>(&mut conn).await?;
     // A server that refuses INFO (ACL `-@dangerous`, a rename, some proxies) has an unknown
@@ -248,5 +252,7 @@ async fn handshake(
     // classic subscriber), whether or not its user may run INFO.
     let sharded =
         options.is_cluster() && version::answers_spublish(&mut conn, &options.namespace).await?;
-    Ok((conn, sharded))
+    let delifeq = options.topology == Topology::Single
+        && version::answers_delifeq(&mut conn, &options.namespace).await?;
+    Ok((conn, sharded, delifeq))
 }

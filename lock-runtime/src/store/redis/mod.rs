@@ -5,6 +5,7 @@
 //! this store's calls, `replication`, `subscriber` (waiters) and `operator` (listing).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Value;
@@ -55,6 +56,10 @@ pub(crate) struct RedisBackend {
     /// nodes all run Redis 7.0 or newer. Older Clusters (6.2) and single servers use classic
     /// PUBLISH / SUBSCRIBE.
     sharded_pubsub: bool,
+    /// The server takes `DELIFEQ` (Valkey 9): a release of a record exactly as its lean
+    /// acquire wrote it is that one native command, no script. Turned off for good when the
+    /// server refuses it later (a restart into an older version, narrowed rights).
+    native_delifeq: std::sync::atomic::AtomicBool,
     /// The owner of this store's first lean acquire: a release of a lean record that is still
     /// exactly as that acquire wrote it costs the server one comparison (release.lua). A
     /// store shared by runtimes of other owners releases their records by the general path.
@@ -128,10 +133,32 @@ impl LockStore for RedisBackend {
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let mut conn = self.conn.noting_retries();
-        let reply = ReleaseCall::new(self, names, token, done_retention)
-            .run(&mut conn)
-            .await
-            .map_err(|e| self.error(&format!("release of `{}` failed", names.key()), e))?;
+        let call = ReleaseCall::new(self, names, token, done_retention);
+        let failed = |e| self.error(&format!("release of `{}` failed", names.key()), e);
+        if done_retention.is_none()
+            && !call.lean_value.is_empty()
+            && self.native_delifeq.load(Ordering::Relaxed)
+        {
+            // The record exactly as the lean acquire wrote it (no fence asked, nobody
+            // waiting): deleted by the server's own compare-and-delete. Anything else (marked,
+            // fenced, min_hold, gone, taken over) is the script's to sort out, on the same
+            // connection, which remembers whether a send had to be repeated.
+            match redis::cmd("DELIFEQ")
+                .arg(names.record())
+                .arg(&call.lean_value)
+                .query_async::<i64>(&mut conn)
+                .await
+            {
+                Ok(1) => return Ok(ReleaseOutcome::Released),
+                Ok(_) => {}
+                Err(e) if e.code().is_some() => {
+                    tracing::debug!(error = %e, "DELIFEQ refused; releases use the script from now on");
+                    self.native_delifeq.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        let reply = call.run(&mut conn).await.map_err(failed)?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,

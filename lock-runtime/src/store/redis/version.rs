@@ -49,6 +49,27 @@ pub(crate) async fn answers_spublish<C: redis::aio::ConnectionLike>(
     }
 }
 
+/// Whether the server takes `DELIFEQ key value` (Valkey 9.0 and newer: delete only while the
+/// value is exactly this) from this user: one on a key of the runtime's namespace that does
+/// not exist. Unlike sharded pub/sub, runtimes may differ here (both ways of releasing are
+/// atomic and agree), so anything the server refuses, an unknown command or the user's
+/// rights, is "no"; a connection that fails meanwhile is an error.
+pub(crate) async fn answers_delifeq<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    namespace: &str,
+) -> redis::RedisResult<bool> {
+    match redis::cmd("DELIFEQ")
+        .arg(format!("{namespace}:lock-runtime-probe"))
+        .arg("")
+        .query_async::<i64>(conn)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if e.code().is_some() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether `version` is too old for the runtime.
 pub(crate) fn too_old(version: Option<Version>) -> bool {
     version.is_some_and(|(major, minor, _)| (major, minor) < MINIMUM)
