@@ -19,31 +19,43 @@ pub(crate) enum Conn {
     Sentinel(SentinelHandle),
 }
 
-/// A connection that broke under a request: the connection manager reconnects, and one retry
+/// A connection that broke under a request: the connection reconnects, and one retry
 /// is safe for every command the runtime sends (acquire re-grants to the same token; renewal
 /// and release are token-checked).
 fn worth_one_retry(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.is_io_error()
 }
 
+impl Conn {
+    /// Sends `cmd`, once more on one server when its connection broke under it (the
+    /// connection reconnects by itself), and then sets `retried`: the first send may have
+    /// been carried out, its answer lost. Sentinel's connection retries and notes alike; a
+    /// Cluster connection retries inside the client, unseen here.
+    async fn request_noting(&mut self, cmd: &Cmd, retried: &mut bool) -> RedisResult<Value> {
+        match self {
+            Conn::Wire(c) => match c.request(cmd).await {
+                Err(e) if worth_one_retry(&e) => {
+                    *retried = true;
+                    c.request(cmd).await
+                }
+                other => other,
+            },
+            Conn::Single(c) => match c.req_packed_command(cmd).await {
+                Err(e) if worth_one_retry(&e) => {
+                    *retried = true;
+                    c.req_packed_command(cmd).await
+                }
+                other => other,
+            },
+            Conn::Cluster(c) => c.req_packed_command(cmd).await,
+            Conn::Sentinel(c) => c.0.request_noting(cmd, retried).await,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Wire(c) => Box::pin(async move {
-                match c.request(cmd).await {
-                    Err(e) if worth_one_retry(&e) => c.request(cmd).await,
-                    other => other,
-                }
-            }),
-            Conn::Single(c) => Box::pin(async move {
-                match c.req_packed_command(cmd).await {
-                    Err(e) if worth_one_retry(&e) => c.req_packed_command(cmd).await,
-                    other => other,
-                }
-            }),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-            Conn::Sentinel(c) => c.req_packed_command(cmd),
-        }
+        Box::pin(async move { self.request_noting(cmd, &mut false).await })
     }
 
     fn req_packed_commands<'a>(
@@ -98,26 +110,7 @@ impl NotingConn {
 
 impl ConnectionLike for NotingConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            match &mut self.conn {
-                Conn::Wire(c) => match c.request(cmd).await {
-                    Err(e) if worth_one_retry(&e) => {
-                        self.retried = true;
-                        c.request(cmd).await
-                    }
-                    other => other,
-                },
-                Conn::Single(c) => match c.req_packed_command(cmd).await {
-                    Err(e) if worth_one_retry(&e) => {
-                        self.retried = true;
-                        c.req_packed_command(cmd).await
-                    }
-                    other => other,
-                },
-                Conn::Cluster(c) => c.req_packed_command(cmd).await,
-                Conn::Sentinel(c) => c.0.request_noting(cmd, &mut self.retried).await,
-            }
-        })
+        Box::pin(async move { self.conn.request_noting(cmd, &mut self.retried).await })
     }
 
     fn req_packed_commands<'a>(

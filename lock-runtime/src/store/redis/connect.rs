@@ -2,7 +2,7 @@
 //! the scripts, all within the connect timeout.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -47,6 +47,15 @@ fn secrets_of(urls: &[String]) -> Vec<String> {
         }
     }
     secrets
+}
+
+/// What connecting learnt of the servers, beyond that they answer.
+#[derive(Default)]
+struct Probed {
+    /// Every node of a Cluster takes SPUBLISH.
+    sharded_pubsub: bool,
+    /// The one server takes DELIFEQ from this user.
+    delifeq: bool,
 }
 
 /// The URLs as errors show them: credentials hidden.
@@ -106,9 +115,8 @@ impl RedisBackend {
         let attempt = handshake(&options, sentinel.as_ref(), &shown, what);
         let failure: LockError = match tokio::time::timeout(options.connect_timeout, attempt).await
         {
-            Ok(Ok((conn, sharded, delifeq))) => {
-                let backend = Self::assemble(conn, sharded, options, shown, hub, sentinel);
-                backend.native_delifeq.store(delifeq, Ordering::Relaxed);
+            Ok(Ok((conn, probed))) => {
+                let backend = Self::assemble(conn, probed, options, shown, hub, sentinel);
                 backend.load_scripts().await?;
                 return Ok((backend, None));
             }
@@ -132,21 +140,21 @@ impl RedisBackend {
             Failure::Config(e) => e,
             Failure::Redis(e) => shown.bad_url(e),
         })?;
-        let backend = Self::assemble(conn, false, options, shown, hub, None);
+        let backend = Self::assemble(conn, Probed::default(), options, shown, hub, None);
         Ok((backend, Some(failure)))
     }
 
     fn assemble(
         conn: Conn,
-        sharded_pubsub: bool,
+        probed: Probed,
         options: RedisOptions,
         shown: Shown,
         hub: Arc<ReleaseHub>,
         sentinel: Option<Arc<SentinelConn>>,
     ) -> Self {
         RedisBackend {
-            sharded_pubsub,
-            native_delifeq: AtomicBool::new(false),
+            sharded_pubsub: probed.sharded_pubsub,
+            native_delifeq: AtomicBool::new(probed.delifeq),
             lean_owner: std::sync::OnceLock::new(),
             conn,
             options,
@@ -227,7 +235,7 @@ async fn handshake(
     sentinel: Option<&Arc<SentinelConn>>,
     shown: &Shown,
     what: &str,
-) -> Result<(Conn, bool, bool), Failure> {
+) -> Result<(Conn, Probed), Failure> {
     let mut conn = open(options, sentinel, shown).await?;
     redis::cmd("PING").query_async::<()>(&mut conn).await?;
     // A server that refuses INFO (ACL `-@dangerous`, a rename, some proxies) has an unknown
@@ -254,5 +262,11 @@ async fn handshake(
         options.is_cluster() && version::answers_spublish(&mut conn, &options.namespace).await?;
     let delifeq = options.topology == Topology::Single
         && version::answers_delifeq(&mut conn, &options.namespace).await?;
-    Ok((conn, sharded, delifeq))
+    Ok((
+        conn,
+        Probed {
+            sharded_pubsub: sharded,
+            delifeq,
+        },
+    ))
 }

@@ -59,16 +59,11 @@ struct Shared {
     live: Mutex<Option<Arc<Live>>>,
     /// Held while connecting; keeps the last failure, so the requests that waited for that
     /// attempt share it instead of each trying again.
-    connecting: tokio::sync::Mutex<Attempts>,
+    connecting: tokio::sync::Mutex<Option<Failure>>,
     /// How many connect attempts failed.
     failed: AtomicU64,
     /// Whether a connection was ever made.
     connected_once: AtomicBool,
-}
-
-#[derive(Default)]
-struct Attempts {
-    last: Option<Failure>,
 }
 
 /// A connect failure, kept to be handed to the requests that waited for the same attempt:
@@ -170,7 +165,7 @@ impl Wire {
                 connect_timeout,
                 command_timeout,
                 live: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(Attempts::default()),
+                connecting: tokio::sync::Mutex::new(None),
                 failed: AtomicU64::new(0),
                 connected_once: AtomicBool::new(false),
             }),
@@ -282,13 +277,13 @@ impl Wire {
     /// A new connection, or the one another request just made; one connect at a time.
     async fn connect_shared(&self, deadline: Instant) -> Result<Arc<Live>, RedisError> {
         let seen = self.shared.failed.load(Ordering::Acquire);
-        let mut attempts = self.shared.connecting.lock().await;
+        let mut last_failure = self.shared.connecting.lock().await;
         if let Some(live) = self.current() {
             return Ok(live);
         }
         if self.shared.failed.load(Ordering::Acquire) != seen {
             // The attempt this request waited for failed: its error, not another try.
-            if let Some(failure) = &attempts.last {
+            if let Some(failure) = &*last_failure {
                 return Err(failure.error());
             }
         }
@@ -313,7 +308,7 @@ impl Wire {
                 }
                 Err(e) => {
                     self.shared.failed.fetch_add(1, Ordering::AcqRel);
-                    attempts.last = Some(Failure::of(&e));
+                    *last_failure = Some(Failure::of(&e));
                     return Err(e);
                 }
             }
