@@ -117,8 +117,8 @@ impl BackendError {
 
     /// True when the failure was about reaching the store (timeout, refused or broken
     /// connection) or a state the store passes through (Redis loading its data, a cluster
-    /// slot moving or without a master, a script running long), not about what was asked:
-    /// retrying later may succeed.
+    /// slot moving or without a master, a node just promoted that lacks the scripts, a script
+    /// running long), not about what was asked: retrying later may succeed.
     pub fn is_transient(&self) -> bool {
         self.transient
     }
@@ -134,7 +134,16 @@ impl BackendError {
         // which waiting would not cure.
         let passing_state = matches!(
             err.code(),
-            Some("LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+            Some(
+                "LOADING"
+                    | "MASTERDOWN"
+                    | "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "BUSY"
+                    | "NOSCRIPT"
+                    | "MOVED"
+                    | "ASK"
+            )
         );
         let transient = err.is_io_error()
             || err.is_connection_dropped()
@@ -203,6 +212,12 @@ mod tests {
             "-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
             "-CLUSTERDOWN The cluster is down\r\n",
             "-BUSY Redis is busy running a script.\r\n",
+            // A node just promoted in a Cluster may not have the scripts yet; redis-rs loads
+            // them and tries once more, and a second NOSCRIPT reaches the store.
+            "-NOSCRIPT No matching script. Please use EVAL.\r\n",
+            // A slot on the move, whose redirections redis-rs stopped following.
+            "-MOVED 3999 127.0.0.1:6381\r\n",
+            "-ASK 3999 127.0.0.1:6381\r\n",
         ] {
             let e = BackendError::redis("release", reply(passing), &[]);
             assert!(e.is_transient(), "{passing}");

@@ -231,7 +231,16 @@ async fn waiter_hears_a_release_after_the_slot_moves(
     moving();
     // The clients learn the new topology (MOVED, their refresh) meanwhile.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!waiting.is_finished(), "the lock is still held");
+    if waiting.is_finished() {
+        let early = waiting.await.expect("task");
+        panic!(
+            "the waiter finished while `{key}` was still held: {}",
+            match &early {
+                Ok(_) => "it was told it holds the lock".to_owned(),
+                Err(e) => format!("with the error {e}"),
+            }
+        );
+    }
     let released = tokio::time::Instant::now();
     let mut tries = 0;
     loop {
