@@ -67,19 +67,42 @@ async fn calls(server: &RedisServer, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Where the server has `DELIFEQ` (Valkey 9; the server matrix runs this file there), a plain
-/// release is that one native command and no script; elsewhere it is the release script. A
-/// record a waiter marked is still released by the script, which wakes the waiter.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one() {
-    let server = RedisServer::start();
+/// Whether the server knows `DELIFEQ` (Valkey 9).
+async fn takes_delifeq(server: &RedisServer) -> bool {
     let native: redis::Value = redis::cmd("COMMAND")
         .arg("INFO")
         .arg("DELIFEQ")
         .query_async(&mut server.conn().await)
         .await
         .expect("COMMAND INFO");
-    let native = matches!(&native, redis::Value::Array(items) if items.first().is_some_and(|c| *c != redis::Value::Nil));
+    matches!(&native, redis::Value::Array(items) if items.first().is_some_and(|c| *c != redis::Value::Nil))
+}
+
+/// A task of `runtime` waiting for `key`: how long it waited, and the guard it got.
+fn wait_for(
+    runtime: &lock_runtime::LockRuntime,
+    key: &'static str,
+) -> tokio::task::JoinHandle<(Duration, lock_runtime::LockGuard)> {
+    let runtime = runtime.clone();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let guard = runtime
+            .lock(key)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("the waiter's acquire");
+        (started.elapsed(), guard)
+    })
+}
+
+/// Where the server has `DELIFEQ` (Valkey 9; the server matrix runs this file there), a plain
+/// release is that one native command and no script; elsewhere it is the release script. A
+/// record a waiter marked is still released by the script, which wakes the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one() {
+    let server = RedisServer::start();
+    let native = takes_delifeq(&server).await;
     let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
     let (delifeq, evalsha) = (
         calls(&server, "delifeq").await,
@@ -121,16 +144,7 @@ async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one(
         .expect("acquire")
         .expect("free");
     let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let waiter = tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let guard = other
-            .lock("waited")
-            .ttl(Duration::from_secs(30))
-            .acquire()
-            .await
-            .expect("the waiter's acquire");
-        (started.elapsed(), guard)
-    });
+    let waiter = wait_for(&other, "waited");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let evalsha = calls(&server, "evalsha").await;
     assert!(holder.release().await.expect("release"), "released");
@@ -139,5 +153,104 @@ async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one(
     assert!(
         waited < Duration::from_secs(10),
         "woken by the release, not by the 30 s ttl: {waited:?}"
+    );
+}
+
+/// Plain releases on their way at the same time go out together, as one script call per
+/// group (`store/redis/group.rs`), where the server has no `DELIFEQ`. Among them, a record a
+/// waiter marked is still released by the full script, which wakes the waiter, and a record
+/// another runtime holds by now is left to it and reported as not ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_releases_on_their_way_together_go_out_as_one_script_call() {
+    const PLAIN: usize = 64;
+    let server = RedisServer::start();
+    let native = takes_delifeq(&server).await;
+    let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
+    let take = |key: String| {
+        let runtime = runtime.clone();
+        async move {
+            runtime
+                .lock(key)
+                .ttl(Duration::from_secs(30))
+                .try_acquire()
+                .await
+                .expect("acquire")
+                .expect("free")
+        }
+    };
+    let mut guards = Vec::new();
+    for i in 0..PLAIN {
+        guards.push(take(format!("group-{i}")).await);
+    }
+    // Waited for: the waiter marks the record.
+    let waited = take("group-waited".to_owned()).await;
+    let waiter = wait_for(&other, "group-waited");
+    // Lapsed and taken by the other runtime meanwhile (its record deleted by hand).
+    let lapsed = take("group-lapsed".to_owned()).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg("lock:{group-lapsed}")
+        .query_async(&mut server.conn().await)
+        .await
+        .expect("DEL");
+    let taken_over = other
+        .lock("group-lapsed")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free after the DEL");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (evalsha, delifeq) = (
+        calls(&server, "evalsha").await,
+        calls(&server, "delifeq").await,
+    );
+    let mut releases = Vec::new();
+    for guard in guards.into_iter().chain([waited]) {
+        releases.push(tokio::spawn(guard.release()));
+    }
+    let lapsed_release = tokio::spawn(lapsed.release());
+    for release in releases {
+        assert!(release.await.expect("task").expect("release"), "released");
+    }
+    assert!(
+        !lapsed_release.await.expect("task").expect("release"),
+        "a record another runtime holds is not ours to release"
+    );
+    let (evalsha, delifeq) = (
+        calls(&server, "evalsha").await - evalsha,
+        calls(&server, "delifeq").await - delifeq,
+    );
+    if native {
+        // DELIFEQ per plain release; the script only for the two it leaves alone.
+        assert_eq!(delifeq, PLAIN as u64 + 2, "DELIFEQ per release");
+        assert_eq!(
+            evalsha, 2,
+            "the script for the marked and the lapsed record"
+        );
+    } else {
+        assert!(
+            evalsha < (PLAIN as u64) / 2,
+            "{} releases took {evalsha} script calls: they did not go out in groups",
+            PLAIN + 2
+        );
+    }
+    for i in 0..PLAIN {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(format!("lock:{{group-{i}}}"))
+            .query_async(&mut server.conn().await)
+            .await
+            .expect("EXISTS");
+        assert_eq!(exists, 0, "group-{i} is released");
+    }
+    let (waited, _guard) = waiter.await.expect("waiter task");
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken by the release, not by the 30 s ttl: {waited:?}"
+    );
+    assert!(
+        taken_over.release().await.expect("release"),
+        "the other runtime's record was left alone"
     );
 }

@@ -12,6 +12,7 @@ use tokio::sync::OnceCell;
 use super::super::ReleaseHub;
 use super::client::{cluster_builder, open_client};
 use super::conn::Conn;
+use super::group::ReleaseGroup;
 use super::options::{RedisOptions, Topology};
 use super::reply::percent_decode;
 use super::scripts::Scripts;
@@ -152,6 +153,19 @@ impl RedisBackend {
         hub: Arc<ReleaseHub>,
         sentinel: Option<Arc<SentinelConn>>,
     ) -> Self {
+        let scripts = Arc::new(Scripts::new());
+        // Plain releases go out in groups wherever every record lives on one server; a Cluster
+        // spreads them over slots, and there each release stays one script call.
+        let group = (!options.is_cluster()).then(|| {
+            let (url, secrets) = (shown.url.clone(), shown.secrets.clone());
+            Arc::new(ReleaseGroup::new(conn.clone(), scripts.clone(), move |e| {
+                BackendError::redis(
+                    &format!("a group of releases failed (Redis at `{url}`)"),
+                    e,
+                    &secrets,
+                )
+            }))
+        });
         RedisBackend {
             sharded_pubsub: probed.sharded_pubsub,
             native_delifeq: AtomicBool::new(probed.delifeq),
@@ -160,7 +174,8 @@ impl RedisBackend {
             options,
             secrets: shown.secrets,
             shown_url: shown.url,
-            scripts: Arc::new(Scripts::new()),
+            scripts,
+            group,
             subscriber: OnceCell::new(),
             hub,
             sentinel,

@@ -14,6 +14,7 @@ use tokio::sync::OnceCell;
 mod client;
 mod conn;
 mod connect;
+mod group;
 mod journal;
 mod lean;
 mod operator;
@@ -28,6 +29,7 @@ mod version;
 mod wire;
 
 use self::conn::{Conn, slot};
+use self::group::{GroupReply, ReleaseGroup};
 use self::operator::Read;
 pub(crate) use self::options::{RedisOptions, Topology};
 use self::reply::{acquire_outcome, redis_error};
@@ -64,6 +66,8 @@ pub(crate) struct RedisBackend {
     /// exactly as that acquire wrote it costs the server one comparison (release.lua). A
     /// store shared by runtimes of other owners releases their records by the general path.
     lean_owner: std::sync::OnceLock<String>,
+    /// Group commit of plain releases (`group.rs`); None on a Cluster.
+    group: Option<Arc<ReleaseGroup>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -158,13 +162,32 @@ impl LockStore for RedisBackend {
                 Err(e) => return Err(failed(e)),
             }
         }
+        // The same record as above, in a group with other releases; anything the group
+        // leaves alone is the script's to sort out.
+        let mut group_resent = false;
+        let plain = done_retention.is_none()
+            && !call.lean_value.is_empty()
+            && !self.native_delifeq.load(Ordering::Relaxed);
+        let group = self
+            .group
+            .as_ref()
+            .filter(|_| plain)
+            .map(|g| (g, g.enter()));
+        if let Some((group, (_busy, true))) = &group {
+            match group.release(names.record(), &call.lean_value).await {
+                GroupReply::Deleted => return Ok(ReleaseOutcome::Released),
+                GroupReply::NotAsWritten { resent } => group_resent = resent,
+                GroupReply::Refused => {}
+                GroupReply::Failed(e) => return Err(e.into()),
+            }
+        }
         let reply = call.run(&mut conn).await.map_err(failed)?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
             // Sent again after its connection broke: the first send was most likely carried
             // out and its answer lost.
-            _ if conn.retried() => {
+            _ if conn.retried() || group_resent => {
                 tracing::debug!(key = %names.key(), "release: sent again after its connection broke, and the record was gone");
                 ReleaseOutcome::GoneAfterRetry
             }

@@ -26,6 +26,7 @@ pub(super) struct Scripts {
     pub(super) force_release: Script,
     pub(super) fence: Script,
     pub(super) contended: Script,
+    pub(super) release_group: Script,
 }
 
 impl Scripts {
@@ -48,11 +49,12 @@ impl Scripts {
                 include_str!("lua/record.lua"),
                 include_str!("lua/contended.lua")
             )),
+            release_group: Script::new(include_str!("lua/release_group.lua")),
         }
     }
 
     /// Every script, for loading them all at connect.
-    pub(super) fn all(&self) -> [&Script; 8] {
+    pub(super) fn all(&self) -> [&Script; 9] {
         [
             &self.acquire,
             &self.release,
@@ -62,6 +64,7 @@ impl Scripts {
             &self.force_release,
             &self.fence,
             &self.contended,
+            &self.release_group,
         ]
     }
 }
