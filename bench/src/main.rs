@@ -13,7 +13,7 @@
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
 //! cargo run --release -p lock-bench -- --macro-overhead [--redis] [--quick] [--json PATH]  # row 6 taken apart
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
-//! cargo run --release -p lock-bench -- --profile ours|raw [SECONDS]  # row 2 of one implementation, for perf
+//! cargo run --release -p lock-bench -- --profile ours|attribute|raw [SECONDS]  # row 2 of one implementation, for perf
 //! ```
 
 use std::sync::Arc;
@@ -136,7 +136,10 @@ async fn main() -> anyhow::Result<()> {
                 let which = match iter.next().map(String::as_str) {
                     Some("raw") => 0,
                     Some("ours") => 1,
-                    other => anyhow::bail!("--profile needs `ours` or `raw`, not {other:?}"),
+                    Some("attribute") => 2,
+                    other => {
+                        anyhow::bail!("--profile needs `ours`, `attribute` or `raw`, not {other:?}")
+                    }
                 };
                 let seconds = match iter.clone().next().map(|s| s.parse::<f64>()) {
                     Some(Ok(seconds)) if seconds > 0.0 && seconds <= 600.0 => {
@@ -161,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
             }
             "--json" => json_path = Some(iter.next().context("--json needs a file path")?.clone()),
             other => anyhow::bail!(
-                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --zookeeper-only, --script-costs, --throughput, --macro-overhead [--redis] or --profile ours|raw [SECONDS], and/or --json PATH, or --table PATH"
+                "unknown argument `{other}`; use --quick, --postgres-only, --etcd-only, --zookeeper-only, --script-costs, --throughput, --macro-overhead [--redis] or --profile ours|attribute|raw [SECONDS], and/or --json PATH, or --table PATH"
             ),
         }
     }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::config::{check_ttl, drift};
 use crate::runtime::RuntimeInner;
 use crate::store::{ExtendItem, KeyNames, ReleaseOutcome, Renewal};
-use crate::watchdog::{Command, ReleaseJob};
+use crate::watchdog::ReleaseJob;
 use crate::{BackendError, Lease, LockError};
 
 /// Proof that this runtime holds a lock. The lock is released when the guard is released or
@@ -147,7 +147,7 @@ impl LockGuard {
         state.mark_ended();
         self.runtime.guard_closed(&state);
         state.count_release();
-        self.runtime.watchdog.send(Command::Forget(state.id));
+        self.runtime.watchdog.forget(state.id);
         // If this future is dropped mid-way, the pending release below still runs, tried
         // again until the lease would have expired anyway.
         let pending = PendingRelease::new(

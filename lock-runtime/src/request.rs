@@ -9,7 +9,6 @@ use crate::config::{check_name, check_ttl, drift, jitter};
 use crate::guard::PendingRelease;
 use crate::lease::{LeaseParams, LeaseState};
 use crate::store::{AcquireOutcome, AcquireRequest, KeyNames};
-use crate::watchdog::Command;
 use crate::{BackendError, Lease, LockError, LockGuard, LockRuntime};
 
 /// A lock request built by [`LockRuntime::lock`]; configure it, then acquire.
@@ -272,7 +271,7 @@ impl LockRequest {
                     label,
                     acquired_at: sent,
                 }));
-                if !inner.watchdog.send(Command::Register(state.clone())) {
+                if !inner.watchdog.register(state.clone()) {
                     // The watchdog has stopped (shutdown finished): the lease would never be
                     // renewed nor reported lost (given back).
                     state.mark_ended();

@@ -75,6 +75,46 @@ async fn max_hold_is_not_exceeded() {
     drop(guard);
 }
 
+/// A new lease waits for the watchdog in a registry until its first renewal is due; a lease
+/// with a short ttl registered after one with a long ttl must still be renewed on time, and
+/// both leases, and one taken after the driver's first sweep, are renewed for as long as they
+/// are held (paused time: 10 minutes in a few milliseconds).
+#[tokio::test(start_paused = true)]
+async fn leases_registered_in_any_order_are_renewed_on_time() {
+    let store = TestStore::memory();
+    let a = store.runtime().await;
+    let b = store.runtime().await;
+    let take = |key: &'static str, ttl: u64| {
+        let a = a.clone();
+        async move {
+            a.lock(key)
+                .ttl(Duration::from_secs(ttl))
+                .try_acquire()
+                .await
+                .free()
+        }
+    };
+    let long = take("registered-long", 600).await;
+    let short = take("registered-short", 3).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let later = take("registered-later", 3).await;
+    tokio::time::sleep(Duration::from_secs(570)).await;
+    for guard in [&long, &short, &later] {
+        assert!(
+            !guard.lease().is_lost(),
+            "`{}` lost while held",
+            guard.lease().key()
+        );
+    }
+    for key in ["registered-long", "registered-short", "registered-later"] {
+        assert!(
+            b.try_take(key).await.is_none(),
+            "`{key}` is free while held"
+        );
+    }
+    drop((long, short, later));
+}
+
 // Finding 8: on a Cluster, renewals answer per slot: a shard that stops answering costs only
 // the leases in its own slots. Before: one failing shard failed the renewal of every lease in
 // the batch, and leases on healthy shards were declared lost with it.

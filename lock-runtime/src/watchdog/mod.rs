@@ -1,14 +1,17 @@
 //! One driver task per runtime that renews every lease it holds, notices losses, and performs
 //! the releases that `Drop` cannot await.
 //!
-//! Guards talk to it over an unbounded channel, so dropping a guard (on a panic, a cancelled
-//! future, or plain scope exit) never blocks a tokio worker. Renewals that fall due within a
-//! few milliseconds of each other go out as one batched script call.
+//! A new lease waits in a shared registry until its first event (its first renewal, or the
+//! end of its validity): a lock released before then, as most short jobs' are, is added and
+//! removed under one mutex and never wakes the driver. Guards talk to the driver over an
+//! unbounded channel, so dropping a guard (on a panic, a cancelled future, or plain scope
+//! exit) never blocks a tokio worker. Renewals that fall due within a few milliseconds of
+//! each other go out as one batched script call.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -19,8 +22,10 @@ use crate::config::drift;
 use crate::lease::LeaseState;
 use crate::store::{ExtendItem, Renewal, SharedBackend};
 
+mod registry;
 mod release;
 
+use self::registry::{Pending, first_event, lock, renew_interval};
 use self::release::run_release;
 pub(crate) use self::release::{InFlight, InFlightRelease, ReleaseJob, Stopping};
 
@@ -30,8 +35,10 @@ const COALESCE: Duration = Duration::from_millis(10);
 const BATCH_MAX: usize = 1000;
 
 pub(crate) enum Command {
-    Register(Arc<LeaseState>),
-    /// The holder released the lease itself; stop renewing it.
+    /// A lease was registered whose first event (renewal or end of validity) comes before
+    /// any the driver knew of: arm the timer earlier.
+    Wake,
+    /// The holder released a lease the driver had taken over already; stop renewing it.
     Forget(u64),
     Release(ReleaseJob),
     /// Graceful shutdown: keep renewing what is held for at most `grace`, then mark what
@@ -46,6 +53,7 @@ pub(crate) enum Command {
 #[derive(Debug, Clone)]
 pub(crate) struct WatchdogHandle {
     tx: mpsc::UnboundedSender<Command>,
+    pending: Arc<Mutex<Pending>>,
     /// For releases after the driver has stopped.
     fallback: (SharedBackend, Duration),
     /// True from the start of a shutdown: failed releases are no longer tried again, so the
@@ -65,7 +73,9 @@ impl WatchdogHandle {
         let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         let stopping = Arc::new(Stopping::default());
+        let pending = Arc::new(Mutex::new(Pending::default()));
         let driver = Driver {
+            pending: pending.clone(),
             backend,
             command_timeout,
             stopping: stopping.clone(),
@@ -79,6 +89,7 @@ impl WatchdogHandle {
         tokio::spawn(driver.run(rx, results_rx));
         WatchdogHandle {
             tx,
+            pending,
             fallback,
             stopping,
             in_flight: Arc::new(InFlight::default()),
@@ -91,10 +102,23 @@ impl WatchdogHandle {
     /// to its ttl. Never blocks; without a tokio runtime to run on, the lease expires by its
     /// ttl.
     pub(crate) fn release_in_background(&self, job: ReleaseJob) -> bool {
-        let job = match self.tx.send(Command::Release(job)) {
-            Ok(()) => return true,
-            Err(mpsc::error::SendError(Command::Release(job))) => job,
-            Err(_) => return false,
+        let lease_id = job.lease_id;
+        let job = {
+            // Sent under the registry's lock: the lease leaves the registry only once the
+            // driver is sure to hear of its release, so a shutdown cannot end in between
+            // knowing of it nowhere. If the driver stopped taking commands, the lease stays
+            // for its last sweep (which releases it too; a second release is harmless).
+            let mut pending = lock(&self.pending);
+            match self.tx.send(Command::Release(job)) {
+                Ok(()) => {
+                    if let Some(id) = lease_id {
+                        pending.leases.remove(&id);
+                    }
+                    return true;
+                }
+                Err(mpsc::error::SendError(Command::Release(job))) => job,
+                Err(_) => return false,
+            }
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return false;
@@ -118,6 +142,41 @@ impl WatchdogHandle {
     /// finished).
     pub(crate) fn send(&self, command: Command) -> bool {
         self.tx.send(command).is_ok()
+    }
+
+    /// Hands a new lease to the watchdog; false if the driver is gone (its tokio runtime
+    /// ended, or shutdown finished): the lease would never be renewed nor reported lost.
+    pub(crate) fn register(&self, lease: Arc<LeaseState>) -> bool {
+        let due = first_event(&lease);
+        let id = lease.id;
+        let wake = {
+            let mut pending = lock(&self.pending);
+            if pending.closed || self.tx.is_closed() {
+                return false;
+            }
+            pending.leases.insert(id, lease);
+            let earlier = pending.told.is_none_or(|told| due < told);
+            if earlier {
+                pending.told = Some(due);
+            }
+            earlier
+        };
+        // Sent after the lock is let go. If the driver stopped meanwhile, either its last
+        // sweep took the lease (it releases it and marks it lost), or it stopped without one
+        // (its tokio runtime ended) and the lease is taken back here and refused.
+        if wake && self.tx.send(Command::Wake).is_err() {
+            // Stopped without a sweep (its tokio runtime ended): nobody will renew it.
+            return lock(&self.pending).leases.remove(&id).is_none();
+        }
+        true
+    }
+
+    /// The holder released the lease itself: stop renewing it.
+    pub(crate) fn forget(&self, id: u64) {
+        if lock(&self.pending).leases.remove(&id).is_none() {
+            // Taken over by the driver already.
+            let _ = self.tx.send(Command::Forget(id));
+        }
     }
 
     /// Lets held leases finish within `grace`, then marks the rest lost and releases them;
@@ -172,6 +231,8 @@ struct RenewReport {
 }
 
 struct Driver {
+    /// Leases registered and not taken over yet (see [`Pending`]).
+    pending: Arc<Mutex<Pending>>,
     backend: SharedBackend,
     command_timeout: Duration,
     /// Set when a shutdown begins (see [`WatchdogHandle`]).
@@ -208,6 +269,10 @@ impl Driver {
         tokio::pin!(grace_timer);
         let mut grace_armed = false;
         loop {
+            if self.draining.is_some() {
+                // Everything held counts from the start of a shutdown.
+                self.take_pending();
+            }
             if let Some((grace_end, _)) = &self.draining {
                 if self.entries.is_empty() {
                     break;
@@ -217,7 +282,11 @@ impl Driver {
                     grace_armed = true;
                 }
             }
-            let next_wake = self.heap.peek().map(|Reverse((at, _, _))| *at);
+            let told = lock(&self.pending).told;
+            let next_wake = match (self.heap.peek().map(|Reverse((at, _, _))| *at), told) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if next_wake != armed_for {
                 if let Some(at) = next_wake {
                     timer.as_mut().reset(at);
@@ -286,6 +355,8 @@ impl Driver {
         while let Ok(command) = commands.try_recv() {
             self.handle(command);
         }
+        lock(&self.pending).closed = true;
+        self.take_pending();
         self.end_grace();
         while self.releases.join_next().await.is_some() {}
         self.stopped.send_replace(true);
@@ -310,24 +381,34 @@ impl Driver {
         }
     }
 
+    /// Takes over every lease waiting in the registry.
+    fn take_pending(&mut self) {
+        let leases = {
+            let mut pending = lock(&self.pending);
+            pending.told = None;
+            std::mem::take(&mut pending.leases)
+        };
+        for (id, lease) in leases {
+            // Counted from the acquire's send, like the validity: an acquire that took long
+            // is renewed at once rather than after another third of the ttl.
+            let next_renew = lease
+                .watchdog
+                .then(|| lease.acquired_at + renew_interval(lease.ttl));
+            let entry = Entry {
+                lease,
+                next_renew,
+                in_flight: false,
+                generation: 0,
+            };
+            self.entries.insert(id, entry);
+            self.schedule(id);
+        }
+    }
+
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Register(lease) => {
-                // Counted from the acquire's send, like the validity: an acquire that took
-                // long is renewed at once rather than after another third of the ttl.
-                let next_renew = lease
-                    .watchdog
-                    .then(|| lease.acquired_at + renew_interval(lease.ttl));
-                let entry = Entry {
-                    lease,
-                    next_renew,
-                    in_flight: false,
-                    generation: 0,
-                };
-                let id = entry.lease.id;
-                self.entries.insert(id, entry);
-                self.schedule(id);
-            }
+            // The loop arms its timer for the registry's earliest event.
+            Command::Wake => {}
             Command::Forget(id) => {
                 self.entries.remove(&id);
             }
@@ -375,6 +456,7 @@ impl Driver {
     }
 
     fn on_timer(&mut self) {
+        self.take_pending();
         let now = Instant::now();
         let mut batch: Vec<(Arc<LeaseState>, Duration)> = Vec::new();
         let mut touched = Vec::new();
@@ -502,9 +584,4 @@ fn lose(lease: &LeaseState, why: &str) {
     if lease.mark_lost() {
         tracing::warn!(key = %lease.names.key(), fence = ?lease.known_fence(), reason = why, "lock lost");
     }
-}
-
-/// Renew at a third of the ttl: two more chances before the lease runs out.
-fn renew_interval(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(1))
 }
