@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use lock_tests::runtimes::redis_runtime;
-use lock_tests::{FaultProxy, RedisServer};
+use lock_tests::{FaultProxy, RedisServer, TakeFree, acquire_in_task};
+use tokio::time::Instant;
 
 /// A request that timed out leaves its connection up, and its reply, when it comes, must go
 /// to no one: handed to the next request on the connection, the late "OK" of an acquire would
@@ -14,13 +15,7 @@ async fn a_reply_that_comes_after_its_request_gave_up_goes_to_no_one_else() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let direct = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let other = direct
-        .lock("held-elsewhere")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("the lock was free");
+    let other = direct.take("held-elsewhere", Duration::from_secs(30)).await;
 
     let slow = redis_runtime(proxy.url(), Duration::from_millis(400)).await;
     proxy.set_reply_latency(Duration::from_millis(1_500));
@@ -55,16 +50,10 @@ async fn a_reply_that_comes_after_its_request_gave_up_goes_to_no_one_else() {
 
 /// The calls of `name` the server counted (`INFO commandstats`), 0 when none.
 async fn calls(server: &RedisServer, name: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut server.conn().await)
+    server
+        .command_stat("calls", |command| command == name)
         .await
-        .expect("INFO commandstats");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{name}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+        .expect("INFO commandstats")
 }
 
 /// Whether the server knows `DELIFEQ` (Valkey 9).
@@ -76,24 +65,6 @@ async fn takes_delifeq(server: &RedisServer) -> bool {
         .await
         .expect("COMMAND INFO");
     matches!(&native, redis::Value::Array(items) if items.first().is_some_and(|c| *c != redis::Value::Nil))
-}
-
-/// A task of `runtime` waiting for `key`: how long it waited, and the guard it got.
-fn wait_for(
-    runtime: &lock_runtime::LockRuntime,
-    key: &'static str,
-) -> tokio::task::JoinHandle<(Duration, lock_runtime::LockGuard)> {
-    let runtime = runtime.clone();
-    tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let guard = runtime
-            .lock(key)
-            .ttl(Duration::from_secs(30))
-            .acquire()
-            .await
-            .expect("the waiter's acquire");
-        (started.elapsed(), guard)
-    })
 }
 
 /// Where the server has `DELIFEQ` (Valkey 9; the server matrix runs this file there), a plain
@@ -108,13 +79,7 @@ async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one(
         calls(&server, "delifeq").await,
         calls(&server, "evalsha").await,
     );
-    let guard = runtime
-        .lock("plain")
-        .ttl(Duration::from_secs(10))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let guard = runtime.take("plain", Duration::from_secs(10)).await;
     assert!(guard.release().await.expect("release"), "released");
     let used = (
         calls(&server, "delifeq").await - delifeq,
@@ -136,20 +101,19 @@ async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one(
     );
 
     // A waiter marks the record: the release goes through the script and wakes it.
-    let holder = runtime
-        .lock("waited")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free");
+    let holder = runtime.take("waited", Duration::from_secs(30)).await;
     let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let waiter = wait_for(&other, "waited");
+    let started = Instant::now();
+    let waiter = acquire_in_task(other, "waited", Duration::from_secs(25));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let evalsha = calls(&server, "evalsha").await;
     assert!(holder.release().await.expect("release"), "released");
     assert!(calls(&server, "evalsha").await > evalsha, "the script ran");
-    let (waited, _guard) = waiter.await.expect("waiter task");
+    let _guard = waiter
+        .await
+        .expect("waiter task")
+        .expect("the waiter's acquire");
+    let waited = started.elapsed();
     assert!(
         waited < Duration::from_secs(10),
         "woken by the release, not by the 30 s ttl: {waited:?}"
@@ -163,43 +127,27 @@ async fn a_plain_release_is_the_servers_own_compare_and_delete_where_it_has_one(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_releases_on_their_way_together_go_out_as_one_script_call() {
     const PLAIN: usize = 64;
+    const TTL: Duration = Duration::from_secs(30);
     let server = RedisServer::start();
     let native = takes_delifeq(&server).await;
     let runtime = redis_runtime(server.url(), Duration::from_secs(2)).await;
     let other = redis_runtime(server.url(), Duration::from_secs(2)).await;
-    let take = |key: String| {
-        let runtime = runtime.clone();
-        async move {
-            runtime
-                .lock(key)
-                .ttl(Duration::from_secs(30))
-                .try_acquire()
-                .await
-                .expect("acquire")
-                .expect("free")
-        }
-    };
     let mut guards = Vec::new();
     for i in 0..PLAIN {
-        guards.push(take(format!("group-{i}")).await);
+        guards.push(runtime.take(format!("group-{i}"), TTL).await);
     }
     // Waited for: the waiter marks the record.
-    let waited = take("group-waited".to_owned()).await;
-    let waiter = wait_for(&other, "group-waited");
+    let waited = runtime.take("group-waited", TTL).await;
+    let started = Instant::now();
+    let waiter = acquire_in_task(other.clone(), "group-waited", Duration::from_secs(25));
     // Lapsed and taken by the other runtime meanwhile (its record deleted by hand).
-    let lapsed = take("group-lapsed".to_owned()).await;
+    let lapsed = runtime.take("group-lapsed", TTL).await;
     let _: i64 = redis::cmd("DEL")
         .arg("lock:{group-lapsed}")
         .query_async(&mut server.conn().await)
         .await
         .expect("DEL");
-    let taken_over = other
-        .lock("group-lapsed")
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("free after the DEL");
+    let taken_over = other.take("group-lapsed", TTL).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let (evalsha, delifeq) = (
@@ -244,7 +192,11 @@ async fn plain_releases_on_their_way_together_go_out_as_one_script_call() {
             .expect("EXISTS");
         assert_eq!(exists, 0, "group-{i} is released");
     }
-    let (waited, _guard) = waiter.await.expect("waiter task");
+    let _guard = waiter
+        .await
+        .expect("waiter task")
+        .expect("the waiter's acquire");
+    let waited = started.elapsed();
     assert!(
         waited < Duration::from_secs(10),
         "woken by the release, not by the 30 s ttl: {waited:?}"

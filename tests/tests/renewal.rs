@@ -84,20 +84,10 @@ async fn leases_registered_in_any_order_are_renewed_on_time() {
     let store = TestStore::memory();
     let a = store.runtime().await;
     let b = store.runtime().await;
-    let take = |key: &'static str, ttl: u64| {
-        let a = a.clone();
-        async move {
-            a.lock(key)
-                .ttl(Duration::from_secs(ttl))
-                .try_acquire()
-                .await
-                .free()
-        }
-    };
-    let long = take("registered-long", 600).await;
-    let short = take("registered-short", 3).await;
+    let long = a.take("registered-long", Duration::from_secs(600)).await;
+    let short = a.take("registered-short", Duration::from_secs(3)).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let later = take("registered-later", 3).await;
+    let later = a.take("registered-later", Duration::from_secs(3)).await;
     tokio::time::sleep(Duration::from_secs(570)).await;
     for guard in [&long, &short, &later] {
         assert!(

@@ -25,7 +25,7 @@ use crate::store::{ExtendItem, Renewal, SharedBackend};
 mod registry;
 mod release;
 
-use self::registry::{Pending, first_event, lock, renew_interval};
+use self::registry::{Pending, first_event, first_renewal, lock, renew_interval};
 use self::release::run_release;
 pub(crate) use self::release::{InFlight, InFlightRelease, ReleaseJob, Stopping};
 
@@ -283,10 +283,10 @@ impl Driver {
                 }
             }
             let told = lock(&self.pending).told;
-            let next_wake = match (self.heap.peek().map(|Reverse((at, _, _))| *at), told) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let next_wake = [self.heap.peek().map(|Reverse((at, _, _))| *at), told]
+                .into_iter()
+                .flatten()
+                .min();
             if next_wake != armed_for {
                 if let Some(at) = next_wake {
                     timer.as_mut().reset(at);
@@ -389,14 +389,9 @@ impl Driver {
             std::mem::take(&mut pending.leases)
         };
         for (id, lease) in leases {
-            // Counted from the acquire's send, like the validity: an acquire that took long
-            // is renewed at once rather than after another third of the ttl.
-            let next_renew = lease
-                .watchdog
-                .then(|| lease.acquired_at + renew_interval(lease.ttl));
             let entry = Entry {
+                next_renew: first_renewal(&lease),
                 lease,
-                next_renew,
                 in_flight: false,
                 generation: 0,
             };

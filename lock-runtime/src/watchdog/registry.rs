@@ -32,13 +32,19 @@ impl std::fmt::Debug for Pending {
     }
 }
 
+/// When a lease with a watchdog is first renewed: counted from the acquire's send, like the
+/// validity, so an acquire that took long is renewed at once rather than after another third
+/// of the ttl. None without a watchdog.
+pub(super) fn first_renewal(lease: &LeaseState) -> Option<Instant> {
+    lease
+        .watchdog
+        .then(|| lease.acquired_at + renew_interval(lease.ttl))
+}
+
 /// When `lease` first needs the driver: its first renewal, or the end of its validity.
 pub(super) fn first_event(lease: &LeaseState) -> Instant {
     let valid_until = lease.valid_until();
-    match lease.watchdog {
-        true => (lease.acquired_at + renew_interval(lease.ttl)).min(valid_until),
-        false => valid_until,
-    }
+    first_renewal(lease).map_or(valid_until, |renew| renew.min(valid_until))
 }
 
 pub(super) fn lock(pending: &Mutex<Pending>) -> MutexGuard<'_, Pending> {

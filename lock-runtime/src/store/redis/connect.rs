@@ -157,14 +157,11 @@ impl RedisBackend {
         // Plain releases go out in groups wherever every record lives on one server; a Cluster
         // spreads them over slots, and there each release stays one script call.
         let group = (!options.is_cluster()).then(|| {
-            let (url, secrets) = (shown.url.clone(), shown.secrets.clone());
-            Arc::new(ReleaseGroup::new(conn.clone(), scripts.clone(), move |e| {
-                BackendError::redis(
-                    &format!("a group of releases failed (Redis at `{url}`)"),
-                    e,
-                    &secrets,
-                )
-            }))
+            Arc::new(ReleaseGroup::new(
+                conn.clone(),
+                scripts.clone(),
+                shown.secrets.clone(),
+            ))
         });
         RedisBackend {
             sharded_pubsub: probed.sharded_pubsub,

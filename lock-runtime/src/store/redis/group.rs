@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::conn::Conn;
 use super::scripts::{self, Scripts};
-use crate::BackendError;
+use crate::error::scrub;
 
 /// At most this many records per script call; a larger group goes out as several calls.
 const GROUP_MAX: usize = 128;
@@ -35,9 +35,10 @@ pub(super) enum GroupReply {
     /// was done), or there was no tokio runtime to send the group on. The full release script
     /// is tried, and reports the refusal if it gets it too.
     Refused,
-    /// The call failed without an answer (timeout, broken connection): it may have been
-    /// carried out. The error (scrubbed of secrets) for this release.
-    Failed(BackendError),
+    /// The call failed without an answer (timeout, broken connection, the group dropped
+    /// with its tokio runtime): it may have been carried out. Why, scrubbed of secrets; the
+    /// release reports it as a transient error.
+    Failed(String),
 }
 
 struct Item {
@@ -54,22 +55,18 @@ pub(super) struct ReleaseGroup {
     busy: AtomicUsize,
     scripts: Arc<Scripts>,
     conn: Conn,
-    /// Turns a driver error into a store error (the store's URL, its secrets scrubbed).
-    error: Box<dyn Fn(redis::RedisError) -> BackendError + Send + Sync>,
+    /// Texts that must never appear in an error (the store's passwords).
+    secrets: Vec<String>,
 }
 
 impl ReleaseGroup {
-    pub(super) fn new(
-        conn: Conn,
-        scripts: Arc<Scripts>,
-        error: impl Fn(redis::RedisError) -> BackendError + Send + Sync + 'static,
-    ) -> Self {
+    pub(super) fn new(conn: Conn, scripts: Arc<Scripts>, secrets: Vec<String>) -> Self {
         ReleaseGroup {
             open: Mutex::new(None),
             busy: AtomicUsize::new(0),
             scripts,
             conn,
-            error: Box::new(error),
+            secrets,
         }
     }
 
@@ -121,10 +118,10 @@ impl ReleaseGroup {
         // The task answers every item before it ends; a task dropped with its tokio runtime
         // answers nobody, and the release reports that as a failure it can retry.
         answer.await.unwrap_or_else(|_| {
-            GroupReply::Failed(BackendError::transient(format!(
-                "release of `{record}` failed: its group was dropped before it was sent (the tokio \
-                 runtime is stopping)"
-            )))
+            GroupReply::Failed(
+                "its group was dropped before it was sent (the tokio runtime is stopping)"
+                    .to_owned(),
+            )
         })
     }
 
@@ -187,15 +184,9 @@ impl ReleaseGroup {
             }
             // No answer (timeout, broken connection): the call may have been carried out.
             Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                let error = (self.error)(e);
+                let why = scrub(&e.to_string(), &self.secrets);
                 for item in chunk {
-                    let message = format!("release of `{}` failed: {}", item.record, error);
-                    let copy = if error.is_transient() {
-                        BackendError::transient(message)
-                    } else {
-                        BackendError::new(message)
-                    };
-                    let _ = item.reply.send(GroupReply::Failed(copy));
+                    let _ = item.reply.send(GroupReply::Failed(why.clone()));
                 }
             }
             // A refusal (an error reply: nothing was done), or an answer that cannot come from

@@ -139,10 +139,9 @@ impl LockStore for RedisBackend {
         let mut conn = self.conn.noting_retries();
         let call = ReleaseCall::new(self, names, token, done_retention);
         let failed = |e| self.error(&format!("release of `{}` failed", names.key()), e);
-        if done_retention.is_none()
-            && !call.lean_value.is_empty()
-            && self.native_delifeq.load(Ordering::Relaxed)
-        {
+        // The record exactly as the lean acquire wrote it, if nothing changed it since.
+        let plain = done_retention.is_none() && !call.lean_value.is_empty();
+        if plain && self.native_delifeq.load(Ordering::Relaxed) {
             // The record exactly as the lean acquire wrote it (no fence asked, nobody
             // waiting): deleted by the server's own compare-and-delete. Anything else (marked,
             // fenced, min_hold, gone, taken over) is the script's to sort out, on the same
@@ -165,20 +164,24 @@ impl LockStore for RedisBackend {
         // The same record as above, in a group with other releases; anything the group
         // leaves alone is the script's to sort out.
         let mut group_resent = false;
-        let plain = done_retention.is_none()
-            && !call.lean_value.is_empty()
-            && !self.native_delifeq.load(Ordering::Relaxed);
         let group = self
             .group
             .as_ref()
-            .filter(|_| plain)
+            .filter(|_| plain && !self.native_delifeq.load(Ordering::Relaxed))
             .map(|g| (g, g.enter()));
         if let Some((group, (_busy, true))) = &group {
             match group.release(names.record(), &call.lean_value).await {
                 GroupReply::Deleted => return Ok(ReleaseOutcome::Released),
                 GroupReply::NotAsWritten { resent } => group_resent = resent,
                 GroupReply::Refused => {}
-                GroupReply::Failed(e) => return Err(e.into()),
+                GroupReply::Failed(why) => {
+                    return Err(BackendError::transient(format!(
+                        "release of `{}` failed (Redis at `{}`): {why}",
+                        names.key(),
+                        self.shown_url
+                    ))
+                    .into());
+                }
             }
         }
         let reply = call.run(&mut conn).await.map_err(failed)?;
