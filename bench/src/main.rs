@@ -11,7 +11,7 @@
 //! cargo run --release -p lock-bench -- --zookeeper-only [--quick] [--json PATH]  # the ZooKeeper rows alone
 //! cargo run -p lock-bench -- --table results.json       # the table of docs/benchmarks.md from a results file
 //! cargo run --release -p lock-bench -- --throughput [--ours-only] [--quick]  # rows 1 and 2 alone, printed
-//! cargo run --release -p lock-bench -- --macro-overhead [--redis] [--quick] [--json PATH]  # row 6 taken apart
+//! cargo run --release -p lock-bench -- --macro-overhead [--redis] [--quick] [--json PATH]  # row 6 taken apart (with --redis: and row 6 itself)
 //! cargo run --release -p lock-bench -- --script-costs [--quick] [--json PATH]  # where a pair's server time goes
 //! cargo run --release -p lock-bench -- --profile ours|attribute|raw [SECONDS]  # row 2 of one implementation, for perf
 //! ```
@@ -61,8 +61,8 @@ const FULL: Mode = Mode {
     fairness: Duration::from_secs(10),
     watchdog_leases: 10_000,
     watchdog_hold: Duration::from_secs(30),
-    macro_slices: 20,
-    macro_slice: Duration::from_millis(500),
+    macro_slices: 60,
+    macro_slice: Duration::from_millis(200),
     many_leases: 100_000,
     many_leases_hold: Duration::from_secs(60),
 };
@@ -197,6 +197,27 @@ async fn main() -> anyhow::Result<()> {
             None
         };
         let found = overhead::breakdown(rounds, slice, server.as_ref()).await?;
+        // With Redis at hand, row 6 itself as the full run measures it.
+        let row6 = match &server {
+            Some(server) => {
+                let runtime = LockRuntime::builder().redis(server.url()).build().await?;
+                let found =
+                    rows::macro_overhead(&runtime, mode.macro_slices, mode.macro_slice).await?;
+                runtime.shutdown().await;
+                println!(
+                    "row 6 ({} pairs of {:?} slices, attribute / programmatic rate, median and quartiles):",
+                    mode.macro_slices, mode.macro_slice
+                );
+                for (store, ratio) in ["Redis", "memory store"].iter().zip(&found) {
+                    println!(
+                        "  {store:<13} {:.3}x  ({:.3}-{:.3})",
+                        ratio.median, ratio.quartiles.0, ratio.quartiles.1
+                    );
+                }
+                Some(found)
+            }
+            None => None,
+        };
         if let Some(path) = json_path {
             let report = json!({
                 "mode": mode.name,
@@ -205,6 +226,14 @@ async fn main() -> anyhow::Result<()> {
                 "slice_ms": ms(slice),
                 "try_acquire_future_bytes": found.acquire_future_bytes,
                 "ns_per_pair": found.medians.iter().map(|(label, ns)| json!({"variant": label, "ns": ns})).collect::<Vec<_>>(),
+                "row6": row6.map(|[redis, memory]| json!({
+                    "slices": mode.macro_slices,
+                    "slice_ms": ms(mode.macro_slice),
+                    "redis": redis.median,
+                    "redis_quartiles": [redis.quartiles.0, redis.quartiles.1],
+                    "memory_store": memory.median,
+                    "memory_store_quartiles": [memory.quartiles.0, memory.quartiles.1],
+                })),
                 "provenance": sys::provenance(),
             });
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -369,8 +398,9 @@ async fn main() -> anyhow::Result<()> {
         handoff::handoff_poll(&url, mode.poll_handoffs, Duration::from_millis(50)).await?,
     );
 
-    let (macro_ratio, macro_ratio_memory) =
+    let [macro_redis, macro_memory] =
         rows::macro_overhead(&ours_runtime, mode.macro_slices, mode.macro_slice).await?;
+    let (macro_ratio, macro_ratio_memory) = (macro_redis.median, macro_memory.median);
 
     let counts = rows::fairness(&url, 4, 4, mode.fairness).await?;
 
@@ -518,6 +548,8 @@ async fn main() -> anyhow::Result<()> {
             "slice_ms": ms(mode.macro_slice),
             "redis": macro_ratio,
             "memory_store": macro_ratio_memory,
+            "redis_quartiles": [macro_redis.quartiles.0, macro_redis.quartiles.1],
+            "memory_store_quartiles": [macro_memory.quartiles.0, macro_memory.quartiles.1],
         },
         "provenance": sys::provenance(),
         "postgres": pg_json(&pg),

@@ -248,23 +248,27 @@ pub async fn run<R, F>(policy: ReturnPolicy<R>, spec: LockSpec, body: F) -> R
 where
     F: Future<Output = R>,
 {
-    let key = spec.key.clone();
-    match execute(spec, body, policy.succeeded).await {
+    match execute(&spec, body, policy.succeeded).await {
         Outcome::Ran(r) => r,
         Outcome::Skipped => match policy.skipped {
             Some(skipped) => skipped(),
             // A done marker: without the skip policy the caller gets the policy's lock error.
-            None => (policy.from_error)(LockError::Contended { key: key.clone() }, &key),
+            None => (policy.from_error)(
+                LockError::Contended {
+                    key: spec.key.clone(),
+                },
+                &spec.key,
+            ),
         },
         Outcome::FiringTaken => match policy.skipped {
             Some(skipped) => skipped(),
-            None => (policy.firing_taken)(&key),
+            None => (policy.firing_taken)(&spec.key),
         },
-        Outcome::Failed(e) => (policy.from_error)(e, &key),
+        Outcome::Failed(e) => (policy.from_error)(e, &spec.key),
     }
 }
 
-async fn execute<R, F>(spec: LockSpec, body: F, succeeded: fn(&R) -> bool) -> Outcome<R>
+async fn execute<R, F>(spec: &LockSpec, body: F, succeeded: fn(&R) -> bool) -> Outcome<R>
 where
     F: Future<Output = R>,
 {
@@ -275,7 +279,7 @@ where
         fence = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let outcome = execute_in_span(&spec, body, succeeded, &span)
+    let outcome = execute_in_span(spec, body, succeeded, &span)
         .instrument(span.clone())
         .await;
     let label = match &outcome {
@@ -480,19 +484,25 @@ where
     }
     let body = with_lease(lease.clone(), body);
     let result = if spec.abort_on_lost {
-        // The loss is checked before every poll of the body: a lease lost when granted never
-        // starts the body, and a body woken by the loss itself is not polled again.
+        // The loss is checked before every poll of the body, so a lease lost when granted
+        // never starts the body and a body woken by the loss is not polled again. `is_lost`
+        // answers both by the watchdog's word and by the clock: the body's own timer may fire
+        // at the instant the validity ends, before the watchdog's timer has run, and that poll
+        // must not reach the body either.
         //
-        // Both by the clock (`is_lost`) and by the watchdog's word (`lost()`): the body's own
-        // timer may fire at the instant the validity ends, before the watchdog's timer has
-        // run, and that poll must not reach the body either.
+        // The task listens for the watchdog's word (`lost()`, which wakes it) only once the
+        // body waits: a body done in its first poll never registers with the lease's notifier.
         let lost = lease.lost();
         tokio::pin!(body, lost);
         std::future::poll_fn(|cx| {
-            if lease.is_lost() || lost.as_mut().poll(cx).is_ready() {
+            if lease.is_lost() {
                 return std::task::Poll::Ready(None);
             }
-            body.as_mut().poll(cx).map(Some)
+            if let std::task::Poll::Ready(result) = body.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(result));
+            }
+            // The body waits: from now on the watchdog's word wakes this task too.
+            lost.as_mut().poll(cx).map(|()| None)
         })
         .await
     } else {
