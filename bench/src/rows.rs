@@ -417,9 +417,15 @@ pub(crate) struct MacroRatio {
 impl MacroRatio {
     fn of(mut ratios: Vec<f64>) -> Self {
         ratios.sort_by(f64::total_cmp);
+        // Interpolated between the two nearest ratios: with an even count the median is the
+        // mean of the middle two, not the upper one.
         let at = |q: f64| {
-            let i = ((ratios.len() as f64 - 1.0) * q).round() as usize;
-            ratios.get(i).copied().unwrap_or(0.0)
+            let pos = (ratios.len().max(1) - 1) as f64 * q;
+            let (low, high) = (pos.floor() as usize, pos.ceil() as usize);
+            match (ratios.get(low), ratios.get(high)) {
+                (Some(a), Some(b)) => a + (b - a) * (pos - low as f64),
+                _ => 0.0,
+            }
         };
         MacroRatio {
             median: at(0.5),
