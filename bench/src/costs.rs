@@ -20,6 +20,8 @@ const RELEASE: &str = concat!(
     include_str!("../../lock-runtime/src/store/redis/lua/release_rest.lua")
 );
 const FENCE: &str = include_str!("../../lock-runtime/src/store/redis/lua/fence.lua");
+const RELEASE_GROUP: &str =
+    include_str!("../../lock-runtime/src/store/redis/lua/release_group.lua");
 
 /// What one variant sends per pair.
 #[derive(Clone)]
@@ -33,6 +35,9 @@ enum Pair {
         fence: Option<String>,
         marked: bool,
     },
+    /// A plain request's SET NX PX per pair, and its release in groups of this many records
+    /// per call of this script (`release_group.lua`, the group commit of plain releases).
+    OursGrouped(String, usize),
     /// `acquire` and `release` scripts (SHA), called once per pair.
     Scripts(String, String),
     /// Batch scripts carrying this many pairs' acquires, then their releases.
@@ -168,6 +173,28 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
                 out.push(evalsha(release, &k, &a));
             }
         }
+        Pair::OursGrouped(group, n) => {
+            let all: Vec<usize> = range.collect();
+            for chunk in all.chunks(*n) {
+                let mut call = redis::cmd("EVALSHA");
+                call.arg(group).arg(chunk.len());
+                for &i in chunk {
+                    let key = format!("lock:{{c{i}}}");
+                    let mut set = redis::cmd("SET");
+                    set.arg(&key)
+                        .arg(lean_value(&format!("{i:032x}")))
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(30_000);
+                    out.push(set);
+                    call.arg(key);
+                }
+                for &i in chunk {
+                    call.arg(lean_value(&format!("{i:032x}")));
+                }
+                out.push(call);
+            }
+        }
         Pair::Scripts(acquire, release) => {
             for i in range {
                 let (k, a) = acquire_args(i);
@@ -233,7 +260,7 @@ async fn measure(
     let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
     let before = server_cpu(conn).await?;
     let chunk = match pair {
-        Pair::Batched(_, _, n) => (500 / n).max(1) * n,
+        Pair::Batched(_, _, n) | Pair::OursGrouped(_, n) => (500 / n).max(1) * n,
         _ => 500,
     };
     for start in (0..pairs).step_by(chunk) {
@@ -289,6 +316,7 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
     )
     .await?;
     let fence = load(conn, FENCE).await?;
+    let group = load(conn, RELEASE_GROUP).await?;
     let plain = |release: &str, fence: Option<&str>, marked: bool| Pair::Ours {
         release: release.to_owned(),
         fence: fence.map(str::to_owned),
@@ -314,6 +342,16 @@ async fn variants(conn: &mut MultiplexedConnection) -> anyhow::Result<Vec<Varian
         Variant {
             label: "ours, plain request: SET NX PX + release.lua",
             pair: plain(&release, None, false),
+            counters: false,
+        },
+        Variant {
+            label: "ours, plain request, releases in groups of 8 (release_group.lua)",
+            pair: Pair::OursGrouped(group.clone(), 8),
+            counters: false,
+        },
+        Variant {
+            label: "ours, plain request, releases in groups of 32 (release_group.lua)",
+            pair: Pair::OursGrouped(group, 32),
             counters: false,
         },
         Variant {
