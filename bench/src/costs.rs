@@ -139,6 +139,13 @@ fn lean_value(token: &str) -> String {
     format!("{token} - - 0 bench-owner")
 }
 
+/// The lean acquire: `SET key value NX PX 30000`.
+fn lean_set(key: &str, value: &str) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg(value).arg("NX").arg("PX").arg(30_000);
+    set
+}
+
 fn evalsha(sha: &str, keys: &[String], args: &[String]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
@@ -158,13 +165,7 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
                 let key = format!("lock:{{c{i}}}");
                 let token = format!("{i:032x}");
                 let mark = if *marked { "\nw" } else { "" };
-                let mut set = redis::cmd("SET");
-                set.arg(&key)
-                    .arg(format!("{}{mark}", lean_value(&token)))
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000);
-                out.push(set);
+                out.push(lean_set(&key, &format!("{}{mark}", lean_value(&token))));
                 if let Some(fence) = fence {
                     let keys = [key.clone(), format!("{key}:fence")];
                     out.push(evalsha(fence, &keys, &[token, "86400000".into()]));
@@ -176,21 +177,16 @@ fn commands(pair: &Pair, range: std::ops::Range<usize>) -> Vec<redis::Cmd> {
         Pair::OursGrouped(group, n) => {
             let all: Vec<usize> = range.collect();
             for chunk in all.chunks(*n) {
+                // release_args(i, true): the record's key, and its lean value second.
+                let records: Vec<_> = chunk.iter().map(|&i| release_args(i, true)).collect();
                 let mut call = redis::cmd("EVALSHA");
                 call.arg(group).arg(chunk.len());
-                for &i in chunk {
-                    let key = format!("lock:{{c{i}}}");
-                    let mut set = redis::cmd("SET");
-                    set.arg(&key)
-                        .arg(lean_value(&format!("{i:032x}")))
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(30_000);
-                    out.push(set);
-                    call.arg(key);
+                for (keys, args) in &records {
+                    out.push(lean_set(&keys[0], &args[1]));
+                    call.arg(&keys[0]);
                 }
-                for &i in chunk {
-                    call.arg(lean_value(&format!("{i:032x}")));
+                for (_, args) in &records {
+                    call.arg(&args[1]);
                 }
                 out.push(call);
             }

@@ -226,14 +226,7 @@ async fn main() -> anyhow::Result<()> {
                 "slice_ms": ms(slice),
                 "try_acquire_future_bytes": found.acquire_future_bytes,
                 "ns_per_pair": found.medians.iter().map(|(label, ns)| json!({"variant": label, "ns": ns})).collect::<Vec<_>>(),
-                "row6": row6.map(|[redis, memory]| json!({
-                    "slices": mode.macro_slices,
-                    "slice_ms": ms(mode.macro_slice),
-                    "redis": redis.median,
-                    "redis_quartiles": [redis.quartiles.0, redis.quartiles.1],
-                    "memory_store": memory.median,
-                    "memory_store_quartiles": [memory.quartiles.0, memory.quartiles.1],
-                })),
+                "row6": row6.map(|found| rows::MacroRatio::json(&found, mode.macro_slices, ms(mode.macro_slice))),
                 "provenance": sys::provenance(),
             });
             std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -398,9 +391,9 @@ async fn main() -> anyhow::Result<()> {
         handoff::handoff_poll(&url, mode.poll_handoffs, Duration::from_millis(50)).await?,
     );
 
-    let [macro_redis, macro_memory] =
+    let macro_found =
         rows::macro_overhead(&ours_runtime, mode.macro_slices, mode.macro_slice).await?;
-    let (macro_ratio, macro_ratio_memory) = (macro_redis.median, macro_memory.median);
+    let (macro_ratio, macro_ratio_memory) = (macro_found[0].median, macro_found[1].median);
 
     let counts = rows::fairness(&url, 4, 4, mode.fairness).await?;
 
@@ -577,14 +570,7 @@ async fn main() -> anyhow::Result<()> {
         "fairness": {"seconds": mode.fairness.as_secs_f64(), "counts": counts, "min": min, "mean": mean, "max": max},
         "watchdog": watchdog_json(&wd),
         "many_leases": watchdog_json(&big),
-        "macro_overhead": {
-            "slices": mode.macro_slices,
-            "slice_ms": ms(mode.macro_slice),
-            "redis": macro_ratio,
-            "memory_store": macro_ratio_memory,
-            "redis_quartiles": [macro_redis.quartiles.0, macro_redis.quartiles.1],
-            "memory_store_quartiles": [macro_memory.quartiles.0, macro_memory.quartiles.1],
-        },
+        "macro_overhead": rows::MacroRatio::json(&macro_found, mode.macro_slices, ms(mode.macro_slice)),
         "provenance": sys::provenance(),
         "postgres": pg_json(&pg),
         "etcd": etcd_rows.json(),

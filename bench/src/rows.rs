@@ -415,6 +415,20 @@ pub(crate) struct MacroRatio {
 }
 
 impl MacroRatio {
+    /// Row 6 as the results files hold it: both stores' medians and quartiles, and how it
+    /// was measured.
+    pub(crate) fn json(found: &[MacroRatio; 2], slices: usize, slice_ms: f64) -> serde_json::Value {
+        let [redis, memory] = found;
+        serde_json::json!({
+            "slices": slices,
+            "slice_ms": slice_ms,
+            "redis": redis.median,
+            "memory_store": memory.median,
+            "redis_quartiles": [redis.quartiles.0, redis.quartiles.1],
+            "memory_store_quartiles": [memory.quartiles.0, memory.quartiles.1],
+        })
+    }
+
     fn of(mut ratios: Vec<f64>) -> Self {
         ratios.sort_by(f64::total_cmp);
         // Interpolated between the two nearest ratios: with an even count the median is the

@@ -197,30 +197,29 @@ fn redis_rows(r: &Value, out: &mut String) -> anyhow::Result<()> {
         let q = r.pointer(&format!("/macro_overhead/{store}_quartiles"))?;
         Some((q.get(0)?.as_f64()?, q.get(1)?.as_f64()?))
     };
-    match (quartiles("redis"), quartiles("memory_store")) {
-        // Since 6c93806: the median of paired slices' ratios, with their quartiles.
-        (Some(redis), Some(memory)) => writeln!(
-            out,
-            "| 6. macro overhead, median of {:.0} pairs of back-to-back slices of {:.0} ms | attribute vs programmatic, 1 task | {:.3}x on Redis (quartiles {:.3}-{:.3}), {:.3}x on the memory store ({:.3}-{:.3}) | |",
-            num(r, "/macro_overhead/slices")?,
-            num(r, "/macro_overhead/slice_ms")?,
-            num(r, "/macro_overhead/redis")?,
-            redis.0,
-            redis.1,
-            num(r, "/macro_overhead/memory_store")?,
-            memory.0,
-            memory.1,
-        )?,
-        // Older files: the ratio of the summed rates.
-        _ => writeln!(
-            out,
-            "| 6. macro overhead, {:.0} alternating slices of {:.0} ms | attribute vs programmatic, 1 task | {:.3}x on Redis, {:.3}x on the memory store | |",
-            num(r, "/macro_overhead/slices")?,
-            num(r, "/macro_overhead/slice_ms")?,
-            num(r, "/macro_overhead/redis")?,
-            num(r, "/macro_overhead/memory_store")?,
-        )?,
-    }
+    let slices = num(r, "/macro_overhead/slices")?;
+    let slice_ms = num(r, "/macro_overhead/slice_ms")?;
+    let (method, redis_spread, memory_spread) =
+        match (quartiles("redis"), quartiles("memory_store")) {
+            // Since 6c93806: the median of paired slices' ratios, with their quartiles.
+            (Some(redis), Some(memory)) => (
+                format!("median of {slices:.0} pairs of back-to-back slices of {slice_ms:.0} ms"),
+                format!(" (quartiles {:.3}-{:.3})", redis.0, redis.1),
+                format!(" ({:.3}-{:.3})", memory.0, memory.1),
+            ),
+            // Older files: the ratio of the summed rates.
+            _ => (
+                format!("{slices:.0} alternating slices of {slice_ms:.0} ms"),
+                String::new(),
+                String::new(),
+            ),
+        };
+    writeln!(
+        out,
+        "| 6. macro overhead, {method} | attribute vs programmatic, 1 task | {:.3}x on Redis{redis_spread}, {:.3}x on the memory store{memory_spread} | |",
+        num(r, "/macro_overhead/redis")?,
+        num(r, "/macro_overhead/memory_store")?,
+    )?;
     watchdog_row(r, out, "7. many leases", "many_leases")?;
     Ok(())
 }
