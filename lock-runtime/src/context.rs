@@ -33,10 +33,12 @@ pub fn current_lease() -> Option<Lease> {
 pub(crate) fn with_lease<F: Future>(lease: Lease, fut: F) -> impl Future<Output = F::Output> {
     let enclosing = HELD
         .try_with(|held| {
-            let mut enclosing = Vec::with_capacity(held.enclosing.len() + 1);
-            enclosing.extend(held.enclosing.iter().cloned());
-            enclosing.push(held.innermost.clone());
-            enclosing
+            // Outermost first: the enclosing ones, then the innermost, now enclosing too.
+            let outer_first = held
+                .enclosing
+                .iter()
+                .chain(std::iter::once(&held.innermost));
+            outer_first.cloned().collect()
         })
         .unwrap_or_default();
     HELD.scope(
