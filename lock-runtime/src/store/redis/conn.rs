@@ -3,8 +3,9 @@
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::resp::{self, Arg};
 use super::sentinel::SentinelHandle;
 use super::wire::Wire;
 
@@ -51,6 +52,47 @@ impl Conn {
             Conn::Sentinel(c) => c.0.request_noting(cmd, retried).await,
         }
     }
+}
+
+impl Conn {
+    /// Sends the command `args` and reads its reply as `T`, as `Cmd::query_async` does (a
+    /// server error is an error), noting in `retried` a send repeated after its connection
+    /// broke, as [`Conn::request_noting`]. The lean connection packs the arguments straight
+    /// into its outgoing buffer; the others are handed a `Cmd` made of them.
+    pub(crate) async fn query_args<T: FromRedisValue>(
+        &mut self,
+        args: &[Arg<'_>],
+        retried: &mut bool,
+    ) -> RedisResult<T> {
+        let value = match self {
+            Conn::Wire(c) => {
+                let write = |buf: &mut Vec<u8>| resp::write_command(buf, args);
+                match c.request_with(write).await {
+                    Err(e) if worth_one_retry(&e) => {
+                        *retried = true;
+                        c.request_with(write).await
+                    }
+                    other => other,
+                }
+            }
+            _ => {
+                let cmd = command_of(args);
+                // Boxed: the rare connections would otherwise set the size of every call's
+                // future.
+                Box::pin(self.request_noting(&cmd, retried)).await
+            }
+        }?;
+        Ok(redis::from_redis_value(value.extract_error()?)?)
+    }
+}
+
+/// The command `args` as a `Cmd`, for a connection that takes nothing else.
+pub(crate) fn command_of(args: &[Arg<'_>]) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args.len(), 0);
+    for arg in args {
+        cmd.arg(arg.to_vec());
+    }
+    cmd
 }
 
 impl ConnectionLike for Conn {

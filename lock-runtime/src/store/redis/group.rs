@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
+use super::super::KeyNames;
 use super::conn::Conn;
 use super::scripts::{self, Scripts};
 use crate::error::scrub;
@@ -42,7 +43,7 @@ pub(super) enum GroupReply {
 }
 
 struct Item {
-    record: String,
+    names: KeyNames,
     value: String,
     reply: oneshot::Sender<GroupReply>,
 }
@@ -77,13 +78,13 @@ impl ReleaseGroup {
         (Busy(&self.busy), before > 0)
     }
 
-    /// Deletes `record` if it holds exactly `value`, together with the other releases that
-    /// arrive meanwhile.
-    pub(super) async fn release(self: &Arc<Self>, record: &str, value: &str) -> GroupReply {
+    /// Deletes the record of `names` if it holds exactly `value`, together with the other
+    /// releases that arrive meanwhile.
+    pub(super) async fn release(self: &Arc<Self>, names: &KeyNames, value: String) -> GroupReply {
         let (reply, answer) = oneshot::channel();
         let item = Item {
-            record: record.to_owned(),
-            value: value.to_owned(),
+            names: names.clone(),
+            value,
             reply,
         };
         let first = {
@@ -159,12 +160,12 @@ impl ReleaseGroup {
     async fn send_chunk(&self, chunk: Vec<Item>) {
         let bytes = chunk
             .iter()
-            .map(|i| i.record.len() + i.value.len() + 16)
+            .map(|i| i.names.record().len() + i.value.len() + 16)
             .sum();
         let script = &self.scripts.release_group;
         let mut call = scripts::evalsha(script, chunk.len(), chunk.len(), bytes);
         for item in &chunk {
-            call.arg(&item.record);
+            call.arg(item.names.record());
         }
         for item in &chunk {
             call.arg(&item.value);

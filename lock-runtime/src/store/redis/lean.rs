@@ -16,6 +16,7 @@ use redis::Value;
 use super::super::{AcquireOutcome, KeyNames};
 use super::RedisBackend;
 use super::reply::{pttl_of, value_text};
+use super::resp::{Arg, Decimal};
 use crate::config::millis_ceil;
 use crate::{BackendError, LockError};
 
@@ -23,9 +24,21 @@ use crate::{BackendError, LockError};
 /// its read of the holder (a release in between); then it reports the lock held.
 const LEAN_TRIES: usize = 3;
 
+/// What stands between the token and the owner in a lean record: no fence, no start, no hold.
+pub(super) const LEAN_FIELDS: &str = " - - 0 ";
+
 /// A lean record's value, before any fence.
 pub(super) fn lean_value(token: &str, owner: &str) -> String {
-    format!("{token} - - 0 {owner}")
+    let mut value = String::with_capacity(token.len() + LEAN_FIELDS.len() + owner.len());
+    value.push_str(token);
+    value.push_str(LEAN_FIELDS);
+    value.push_str(owner);
+    value
+}
+
+/// A lean record's value as one command argument, in pieces (see [`lean_value`]).
+pub(super) fn lean_arg<'a>(token: &'a str, owner: &'a str) -> Arg<'a> {
+    Arg::joined([token.as_bytes(), LEAN_FIELDS.as_bytes(), owner.as_bytes()])
 }
 
 /// The fields of a record's value: token, fence, start, hold, owner; None for a string that
@@ -66,23 +79,24 @@ impl RedisBackend {
         owner: &str,
         ttl: Duration,
     ) -> Result<AcquireOutcome, LockError> {
-        let value = lean_value(token, owner);
         if self.lean_owner.get().is_none() {
             let _ = self.lean_owner.set(owner.to_owned());
         }
         let context = || format!("acquire of `{}` failed", names.key());
         let mut conn = self.conn.clone();
-        // One buffer, sized for the whole command.
-        let mut set = redis::Cmd::with_capacity(6, names.record().len() + value.len() + 32);
-        set.arg("SET")
-            .arg(names.record())
-            .arg(&value)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis_ceil(ttl));
+        // Packed straight into the connection's buffer: no string for the value, no command.
+        let ttl_ms = Decimal::of(millis_ceil(ttl));
+        let set = [
+            "SET".into(),
+            names.record().into(),
+            lean_arg(token, owner),
+            "NX".into(),
+            "PX".into(),
+            Arg::new(ttl_ms.as_bytes()),
+        ];
         for _ in 0..LEAN_TRIES {
-            let set: Value = set
-                .query_async(&mut conn)
+            let set: Value = conn
+                .query_args(&set, &mut false)
                 .await
                 .map_err(|e| self.error(&context(), e))?;
             if matches!(set, Value::Okay) {
@@ -169,6 +183,10 @@ mod tests {
     #[test]
     fn record_fields_read_both_paths_and_refuse_other_strings() {
         let lean = lean_value("ab12", "host:1 worker a");
+        assert_eq!(
+            lean_arg("ab12", "host:1 worker a").to_vec(),
+            lean.as_bytes()
+        );
         assert_eq!(
             record_fields(&lean),
             Some(("ab12", "-", "-", "0", "host:1 worker a"))

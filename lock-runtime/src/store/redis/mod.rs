@@ -2,7 +2,9 @@
 //! SHA (reloaded on NOSCRIPT), and a lazily started subscriber connection for waiters. The
 //! layers, bottom-up: `options`, `client` (clients from URLs and TLS), `sentinel`, `conn` (one
 //! connection type over every topology), `version`, `scripts` and `reply`, `connect`; then
-//! this store's calls, `replication`, `subscriber` (waiters) and `operator` (listing).
+//! this store's calls, `lean` (the plain request's path), `release` (the release script's
+//! call), `group` (releases sent together), `replication`, `subscriber` (waiters) and
+//! `operator` (listing). `wire` is the lean connection, `resp` its protocol.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,6 +21,7 @@ mod journal;
 mod lean;
 mod operator;
 mod options;
+mod release;
 mod replication;
 mod reply;
 mod resp;
@@ -32,6 +35,7 @@ use self::conn::{Conn, slot};
 use self::group::{GroupReply, ReleaseGroup};
 use self::operator::Read;
 pub(crate) use self::options::{RedisOptions, Topology};
+use self::release::ReleaseCall;
 use self::reply::{acquire_outcome, redis_error};
 use self::scripts::{ACQUIRE_LUA, Scripts};
 use self::sentinel::{SentinelConn, is_readonly};
@@ -136,22 +140,26 @@ impl LockStore for RedisBackend {
         token: &str,
         done_retention: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        let mut conn = self.conn.noting_retries();
+        let mut conn = self.conn.clone();
+        // Set when a call was sent again after its connection broke under it.
+        let mut retried = false;
         let call = ReleaseCall::new(self, names, token, done_retention);
         let failed = |e| self.error(&format!("release of `{}` failed", names.key()), e);
         // The record exactly as the lean acquire wrote it, if nothing changed it since.
-        let plain = done_retention.is_none() && !call.lean_value.is_empty();
-        if plain && self.native_delifeq.load(Ordering::Relaxed) {
+        let plain = call.owner.as_deref().filter(|_| done_retention.is_none());
+        if let Some(owner) = plain
+            && self.native_delifeq.load(Ordering::Relaxed)
+        {
             // The record exactly as the lean acquire wrote it (no fence asked, nobody
             // waiting): deleted by the server's own compare-and-delete. Anything else (marked,
             // fenced, min_hold, gone, taken over) is the script's to sort out, on the same
             // connection, which remembers whether a send had to be repeated.
-            match redis::cmd("DELIFEQ")
-                .arg(names.record())
-                .arg(&call.lean_value)
-                .query_async::<i64>(&mut conn)
-                .await
-            {
+            let delifeq = [
+                "DELIFEQ".into(),
+                names.record().into(),
+                lean::lean_arg(token, owner),
+            ];
+            match conn.query_args::<i64>(&delifeq, &mut retried).await {
                 Ok(1) => return Ok(ReleaseOutcome::Released),
                 Ok(_) => {}
                 Err(e) if e.code().is_some() => {
@@ -167,10 +175,11 @@ impl LockStore for RedisBackend {
         let group = self
             .group
             .as_ref()
-            .filter(|_| plain && !self.native_delifeq.load(Ordering::Relaxed))
-            .map(|g| (g, g.enter()));
-        if let Some((group, (_busy, true))) = &group {
-            match group.release(names.record(), &call.lean_value).await {
+            .filter(|_| !self.native_delifeq.load(Ordering::Relaxed))
+            .zip(plain)
+            .map(|(g, owner)| (g, owner, g.enter()));
+        if let Some((group, owner, (_busy, true))) = &group {
+            match group.release(names, lean::lean_value(token, owner)).await {
                 GroupReply::Deleted => return Ok(ReleaseOutcome::Released),
                 GroupReply::NotAsWritten { resent } => group_resent = resent,
                 GroupReply::Refused => {}
@@ -184,13 +193,13 @@ impl LockStore for RedisBackend {
                 }
             }
         }
-        let reply = call.run(&mut conn).await.map_err(failed)?;
+        let reply = call.run(&mut conn, &mut retried).await.map_err(failed)?;
         Ok(match reply {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::KeptForMinHold,
             // Sent again after its connection broke: the first send was most likely carried
             // out and its answer lost.
-            _ if conn.retried() || group_resent => {
+            _ if retried || group_resent => {
                 tracing::debug!(key = %names.key(), "release: sent again after its connection broke, and the record was gone");
                 ReleaseOutcome::GoneAfterRetry
             }
@@ -453,7 +462,7 @@ impl RedisBackend {
         replicas: usize,
     ) -> Result<(Vec<Value>, i64), redis::RedisError> {
         let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
-        let release = ReleaseCall::new(self, names, token, None);
+        let release = ReleaseCall::new(self, names, token, None).into_owned();
         tokio::spawn(async move {
             let answered: Result<(Vec<Value>, i64), redis::RedisError> =
                 pipe.query_async(&mut conn).await;
@@ -469,10 +478,10 @@ impl RedisBackend {
             // back" is true when it arrives (an inspect or another acquire right after it
             // finds the lock free). Kept but nobody to take it: given back after.
             if !confirmed {
-                let _ = release.run(&mut conn).await;
+                let _ = release.run_on(&mut conn).await;
                 let _ = answer_tx.send(answered);
             } else if answer_tx.send(answered).is_err() {
-                let _ = release.run(&mut conn).await;
+                let _ = release.run_on(&mut conn).await;
             }
         });
         answer_rx.await.unwrap_or_else(|_| {
@@ -501,63 +510,6 @@ impl RedisBackend {
             (Some(sentinel), Some(url)) => sentinel.note_failure(url, e),
             _ => false,
         }
-    }
-}
-
-/// The release script's call for one token, owned, so a task of its own can run it.
-struct ReleaseCall {
-    scripts: Arc<Scripts>,
-    names: KeyNames,
-    token: String,
-    /// The record's value as a lean acquire of this token wrote it (the owner this store's
-    /// lean acquires gave), or empty: the script's one-comparison case.
-    lean_value: String,
-    done_retention_ms: u64,
-    /// SPUBLISH instead of PUBLISH (a Cluster of Redis 7.0 or newer).
-    sharded: bool,
-}
-
-impl ReleaseCall {
-    fn new(
-        backend: &RedisBackend,
-        names: &KeyNames,
-        token: &str,
-        done_retention: Option<Duration>,
-    ) -> Self {
-        ReleaseCall {
-            scripts: backend.scripts.clone(),
-            names: names.clone(),
-            token: token.to_owned(),
-            lean_value: backend
-                .lean_owner
-                .get()
-                .map_or_else(String::new, |owner| lean::lean_value(token, owner)),
-            done_retention_ms: done_retention.map_or(0, millis_ceil),
-            sharded: backend.sharded_pubsub,
-        }
-    }
-
-    async fn run<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> redis::RedisResult<i64> {
-        let once = self.done_retention_ms > 0;
-        let record = self.names.record();
-        let mut call = scripts::evalsha(
-            &self.scripts.release,
-            if once { 2 } else { 1 },
-            // The token, the lean value, the sharded flag and, for `once`, the retention.
-            if once { 4 } else { 3 },
-            record.len() + self.token.len() + self.lean_value.len() + 32,
-        );
-        call.arg(record);
-        if once {
-            call.arg(self.names.done());
-        }
-        call.arg(&self.token)
-            .arg(&self.lean_value)
-            .arg(if self.sharded { "1" } else { "0" });
-        if once {
-            call.arg(self.done_retention_ms);
-        }
-        scripts::run(&self.scripts.release, &call, conn).await
     }
 }
 

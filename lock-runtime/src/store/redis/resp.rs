@@ -2,6 +2,7 @@
 //! from the front of a buffer for the lean connection (`wire`): simple strings, errors,
 //! integers, bulk strings and arrays. Error replies are handed to redis-rs' own parser, so
 //! they carry the kinds its callers test (`NOSCRIPT` for a script to load again, `READONLY`).
+//! Commands go the other way as arrays of bulk strings ([`write_command`]).
 
 use redis::{RedisError, Value};
 
@@ -11,6 +12,83 @@ const MAX_DEPTH: usize = 8;
 
 /// The longest bulk string a server sends (Redis' `proto-max-bulk-len` default, 512 MB).
 const MAX_BULK: usize = 512 * 1024 * 1024;
+
+/// One argument of a command: the bytes of up to three pieces, one after the other. A record's
+/// value goes out as its token, its fields and its owner, never joined into a string of its
+/// own.
+#[derive(Clone, Copy)]
+pub(crate) struct Arg<'a>([&'a [u8]; 3]);
+
+impl<'a> Arg<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Arg([bytes, b"", b""])
+    }
+
+    pub(crate) fn joined(pieces: [&'a [u8]; 3]) -> Self {
+        Arg(pieces)
+    }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(|p| p.len()).sum()
+    }
+
+    /// The argument's bytes in one piece.
+    pub(crate) fn to_vec(self) -> Vec<u8> {
+        self.0.concat()
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(text: &'a str) -> Self {
+        Arg::new(text.as_bytes())
+    }
+}
+
+/// Appends `args` to `buf` as one command (an array of bulk strings), as `redis::Cmd` packs it.
+pub(crate) fn write_command(buf: &mut Vec<u8>, args: &[Arg<'_>]) {
+    buf.reserve(args.iter().map(|a| a.len() + 16).sum::<usize>() + 16);
+    write_header(buf, b'*', args.len());
+    for arg in args {
+        write_header(buf, b'$', arg.len());
+        for piece in arg.0 {
+            buf.extend_from_slice(piece);
+        }
+        buf.extend_from_slice(b"\r\n");
+    }
+}
+
+fn write_header(buf: &mut Vec<u8>, tag: u8, n: usize) {
+    buf.push(tag);
+    buf.extend_from_slice(Decimal::of(n as u64).as_bytes());
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// A number in decimal, on the stack: an argument of a command without a string for it.
+pub(crate) struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub(crate) fn of(mut n: u64) -> Decimal {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            // n % 10 < 10: the cast keeps every bit.
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Decimal { digits, start }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
 
 /// The first whole reply in `buf` and the number of bytes it took, or None while it is
 /// incomplete. An error means the stream cannot be read on: the connection must go.
@@ -117,6 +195,38 @@ mod tests {
             }
             other => panic!("{bytes:?}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn commands_are_packed_as_redis_rs_packs_them() {
+        for n in [0u64, 7, 10, 99, 100, 123_456_789, u64::MAX] {
+            assert_eq!(Decimal::of(n).as_bytes(), n.to_string().as_bytes());
+        }
+        let mut buf = b"before".to_vec();
+        let ttl = Decimal::of(30_000);
+        write_command(
+            &mut buf,
+            &[
+                "SET".into(),
+                "lock:{k}".into(),
+                Arg::joined([b"tok", b" - - 0 ", "hôst:1".as_bytes()]),
+                Arg::joined([b"", b"", b""]),
+                Arg::joined([b"P", b"", b"X"]),
+                Arg::new(ttl.as_bytes()),
+            ],
+        );
+        let mut cmd = redis::cmd("SET");
+        cmd.arg("lock:{k}")
+            .arg("tok - - 0 hôst:1")
+            .arg("")
+            .arg("PX")
+            .arg(30_000);
+        let mut expected = b"before".to_vec();
+        expected.extend_from_slice(&cmd.get_packed_command());
+        assert_eq!(buf, expected);
+        let mut empty = Vec::new();
+        write_command(&mut empty, &[]);
+        assert_eq!(empty, b"*0\r\n");
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The Lua scripts of the store (`lua/`), each run by SHA and reloaded on NOSCRIPT.
 
 use redis::aio::ConnectionLike;
+
+use super::conn::Conn;
+use super::resp::Arg;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 /// The acquire script's text: `replicated_acquire` sends it with EVAL. The scripts that read a
@@ -89,6 +92,23 @@ pub(super) async fn run<T: FromRedisValue, C: ConnectionLike>(
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;
             call.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// Sends `args` (an `EVALSHA` of `script`) on the store's connection, as [`run`] sends a
+/// `Cmd`, noting in `retried` a send repeated after its connection broke.
+pub(super) async fn run_args<T: FromRedisValue>(
+    script: &Script,
+    args: &[Arg<'_>],
+    conn: &mut Conn,
+    retried: &mut bool,
+) -> RedisResult<T> {
+    match conn.query_args(args, retried).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            conn.query_args(args, retried).await
         }
         other => other,
     }

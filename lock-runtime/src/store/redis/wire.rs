@@ -179,11 +179,19 @@ impl Wire {
     /// Sends one command and waits for its reply (a server error is a value, as redis-rs'
     /// connections give it).
     pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        self.request_with(|buf| cmd.write_packed_command(buf)).await
+    }
+
+    /// Sends the command `write` appends to the outgoing buffer (once; twice if the
+    /// connection it first found had broken) and waits for its reply, as [`Wire::request`].
+    pub(crate) async fn request_with(
+        &self,
+        write: impl Fn(&mut Vec<u8>),
+    ) -> Result<Value, RedisError> {
         let deadline = Instant::now() + self.shared.command_timeout;
         let (tx, rx) = oneshot::channel();
         let mut waiter = Some(Waiter::One(tx));
-        self.send(|buf| cmd.write_packed_command(buf), &mut waiter, deadline)
-            .await?;
+        self.send(write, &mut waiter, deadline).await?;
         self.reply(rx, deadline).await?
     }
 
