@@ -1,6 +1,7 @@
 //! `LockRuntime`: the configured handle, process-global or task-scoped.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -93,7 +94,7 @@ pub(crate) struct RuntimeInner {
     wait_queues: Mutex<HashMap<String, Weak<WaitQueue>>>,
     /// The leases whose guards are alive, by record key: a task that waits for a lock it
     /// holds itself through a guard gets a warning in the log instead of a silent wait.
-    guarded: Mutex<HashMap<RecordKey, Vec<Arc<LeaseState>>>>,
+    guarded: Mutex<HashMap<RecordKey, Guarded>>,
 }
 
 impl RuntimeInner {
@@ -131,22 +132,22 @@ impl RuntimeInner {
 
     /// Notes that a guard for `lease` is alive.
     pub(crate) fn guard_opened(&self, lease: &Arc<LeaseState>) {
-        self.guarded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(RecordKey(lease.names.clone()))
-            .or_default()
-            .push(lease.clone());
+        let mut guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
+        match guarded.entry(RecordKey(lease.names.clone())) {
+            Entry::Occupied(mut leases) => leases.get_mut().push(lease.clone()),
+            Entry::Vacant(slot) => {
+                slot.insert(Guarded::One(lease.clone()));
+            }
+        }
     }
 
     /// Notes that the guard of `lease` is gone.
     pub(crate) fn guard_closed(&self, lease: &LeaseState) {
         let mut guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(leases) = guarded.get_mut(lease.names.record()) {
-            leases.retain(|l| l.id != lease.id);
-            if leases.is_empty() {
-                guarded.remove(lease.names.record());
-            }
+        if let Some(leases) = guarded.get_mut(lease.names.record())
+            && leases.remove(lease.id)
+        {
+            guarded.remove(lease.names.record());
         }
     }
 
@@ -156,6 +157,7 @@ impl RuntimeInner {
         let guarded = self.guarded.lock().unwrap_or_else(PoisonError::into_inner);
         guarded.get(record).is_some_and(|leases| {
             leases
+                .all()
                 .iter()
                 .any(|l| l.holder_task == task && !l.is_ended() && !l.is_lost())
         })
@@ -410,6 +412,41 @@ impl LockRuntime {
     /// The ttl used when a request gives none.
     pub fn default_ttl(&self) -> Duration {
         self.inner.default_ttl
+    }
+}
+
+/// The leases of one record whose guards are alive: one, unless a guard outlives its lease
+/// (lost or expired) while another of the runtime's tasks holds the lock anew. The one is
+/// kept without a vector of its own.
+enum Guarded {
+    One(Arc<LeaseState>),
+    Many(Vec<Arc<LeaseState>>),
+}
+
+impl Guarded {
+    fn push(&mut self, lease: Arc<LeaseState>) {
+        match self {
+            Guarded::One(first) => *self = Guarded::Many(vec![first.clone(), lease]),
+            Guarded::Many(leases) => leases.push(lease),
+        }
+    }
+
+    /// Forgets lease `id`; true when none is left.
+    fn remove(&mut self, id: u64) -> bool {
+        match self {
+            Guarded::One(lease) => lease.id == id,
+            Guarded::Many(leases) => {
+                leases.retain(|l| l.id != id);
+                leases.is_empty()
+            }
+        }
+    }
+
+    fn all(&self) -> &[Arc<LeaseState>] {
+        match self {
+            Guarded::One(lease) => std::slice::from_ref(lease),
+            Guarded::Many(leases) => leases,
+        }
     }
 }
 

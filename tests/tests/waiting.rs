@@ -294,6 +294,62 @@ async fn waiting_for_a_lock_this_task_holds_is_never_silent() {
     after_worker.release().await.expect("release");
 }
 
+/// Two guards of one record in one runtime: one that outlived its lease (no watchdog, expired)
+/// and the holder's anew. Dropping the stale one first must leave the holder known, so its
+/// own wait is still reported; once both are gone, a wait is silent.
+#[tokio::test]
+async fn a_guard_that_outlived_its_lease_leaves_the_new_holder_known() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let warned = || {
+        logs.text()
+            .matches("already holds the lock it now waits for")
+            .count()
+    };
+    let runtime = TestStore::memory().runtime().await;
+    let stale = runtime
+        .lock("outlived")
+        .ttl(Duration::from_millis(200))
+        .watchdog(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(stale.lease().is_lost(), "the stale lease has expired");
+    let fresh = tokio::time::timeout(Duration::from_secs(3), runtime.lock("outlived").acquire())
+        .await
+        .expect("bounded")
+        .expect("acquired anew once the first lease expired");
+    drop(stale);
+    let again = runtime
+        .lock("outlived")
+        .acquire_timeout(Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(again, Err(LockError::WaitTimeout { .. })),
+        "{again:?}"
+    );
+    assert_eq!(
+        warned(),
+        1,
+        "the holder's own wait is reported: {}",
+        logs.text()
+    );
+    fresh.release().await.expect("release");
+    let after = runtime
+        .lock("outlived")
+        .acquire_timeout(Duration::from_secs(3))
+        .await
+        .expect("free after the release");
+    after.release().await.expect("release");
+    assert_eq!(warned(), 1, "no guard left, no warning: {}", logs.text());
+}
+
 // Finding 10: waiters are woken when their channel's subscription is confirmed again after a
 // reconnect. Before: a release published between the disconnection's wake-up and the
 // re-subscription was missed, and the waiter slept until the holder's ttl ran out (30 s).
