@@ -240,15 +240,20 @@ impl Logs {
     }
 }
 
-#[tokio::test]
-async fn waiting_for_a_lock_this_task_holds_is_never_silent() {
+/// This thread's warnings, kept in the returned buffer until the guard drops.
+fn capture_warnings() -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .with_writer(move || writer.clone())
         .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn waiting_for_a_lock_this_task_holds_is_never_silent() {
+    let (logs, _default) = capture_warnings();
     let runtime = TestStore::memory().runtime().await;
     let guard = runtime
         .lock("held-by-guard")
@@ -299,13 +304,7 @@ async fn waiting_for_a_lock_this_task_holds_is_never_silent() {
 /// own wait is still reported; once both are gone, a wait is silent.
 #[tokio::test]
 async fn a_guard_that_outlived_its_lease_leaves_the_new_holder_known() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = capture_warnings();
     let warned = || {
         logs.text()
             .matches("already holds the lock it now waits for")
