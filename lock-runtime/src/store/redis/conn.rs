@@ -34,13 +34,7 @@ impl Conn {
     /// Cluster connection retries inside the client, unseen here.
     async fn request_noting(&mut self, cmd: &Cmd, retried: &mut bool) -> RedisResult<Value> {
         match self {
-            Conn::Wire(c) => match c.request(cmd).await {
-                Err(e) if worth_one_retry(&e) => {
-                    *retried = true;
-                    c.request(cmd).await
-                }
-                other => other,
-            },
+            Conn::Wire(c) => wire_noting(c, |buf| cmd.write_packed_command(buf), retried).await,
             Conn::Single(c) => match c.req_packed_command(cmd).await {
                 Err(e) if worth_one_retry(&e) => {
                     *retried = true;
@@ -52,9 +46,7 @@ impl Conn {
             Conn::Sentinel(c) => c.0.request_noting(cmd, retried).await,
         }
     }
-}
 
-impl Conn {
     /// Sends the command `args` and reads its reply as `T`, as `Cmd::query_async` does (a
     /// server error is an error), noting in `retried` a send repeated after its connection
     /// broke, as [`Conn::request_noting`]. The lean connection packs the arguments straight
@@ -65,16 +57,7 @@ impl Conn {
         retried: &mut bool,
     ) -> RedisResult<T> {
         let value = match self {
-            Conn::Wire(c) => {
-                let write = |buf: &mut Vec<u8>| resp::write_command(buf, args);
-                match c.request_with(write).await {
-                    Err(e) if worth_one_retry(&e) => {
-                        *retried = true;
-                        c.request_with(write).await
-                    }
-                    other => other,
-                }
-            }
+            Conn::Wire(c) => wire_noting(c, |buf| resp::write_command(buf, args), retried).await,
             _ => {
                 let cmd = command_of(args);
                 // Boxed: the rare connections would otherwise set the size of every call's
@@ -83,6 +66,22 @@ impl Conn {
             }
         }?;
         Ok(redis::from_redis_value(value.extract_error()?)?)
+    }
+}
+
+/// Sends on the lean connection what `write` packs, once more when the connection broke
+/// under it (it reconnects by itself), and then sets `retried`.
+async fn wire_noting(
+    c: &Wire,
+    write: impl Fn(&mut Vec<u8>),
+    retried: &mut bool,
+) -> RedisResult<Value> {
+    match c.request_with(&write).await {
+        Err(e) if worth_one_retry(&e) => {
+            *retried = true;
+            c.request_with(&write).await
+        }
+        other => other,
     }
 }
 

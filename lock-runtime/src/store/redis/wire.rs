@@ -176,14 +176,9 @@ impl Wire {
         self.shared.target.db
     }
 
-    /// Sends one command and waits for its reply (a server error is a value, as redis-rs'
+    /// Sends one command, the one `write` appends to the outgoing buffer of the connection
+    /// that takes it, and waits for its reply (a server error is a value, as redis-rs'
     /// connections give it).
-    pub(crate) async fn request(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        self.request_with(|buf| cmd.write_packed_command(buf)).await
-    }
-
-    /// Sends the command `write` appends to the outgoing buffer (once; twice if the
-    /// connection it first found had broken) and waits for its reply, as [`Wire::request`].
     pub(crate) async fn request_with(
         &self,
         write: impl Fn(&mut Vec<u8>),
